@@ -1,0 +1,24 @@
+# CMake package config of fk, installed inside the Python package:
+#   cmake -DCMAKE_PREFIX_PATH="$(python -c 'import fk; print(fk.cmake_prefix_path)')" ...
+#   find_package(fk REQUIRED)
+#   target_link_libraries(app PRIVATE fk::fk)
+# fk::fk brings libfk (which registers torch.ops.fk.*), fk's headers, and torch (LibTorch
+# from the torch package next to fk, or FK_TORCH_ROOT).
+get_filename_component(_fk_prefix "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)
+if(NOT FK_TORCH_ROOT)
+  get_filename_component(_fk_site "${_fk_prefix}" DIRECTORY)
+  if(EXISTS "${_fk_site}/torch/version.py")
+    set(FK_TORCH_ROOT "${_fk_site}/torch")
+  endif()
+endif()
+include("${CMAKE_CURRENT_LIST_DIR}/FkTorch.cmake")
+
+if(NOT TARGET fk::fk)
+  add_library(fk::fk SHARED IMPORTED)
+  set_target_properties(fk::fk PROPERTIES
+    IMPORTED_LOCATION "${_fk_prefix}/lib/libfk.so"
+    IMPORTED_NO_SONAME FALSE
+    INTERFACE_INCLUDE_DIRECTORIES "${_fk_prefix}/include"
+    INTERFACE_LINK_LIBRARIES fk::torch)
+endif()
+set(fk_FOUND TRUE)

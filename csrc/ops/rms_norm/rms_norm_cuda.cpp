@@ -1,0 +1,113 @@
+// CUDA kernels of fk::rms_norm: AOT-compiled Triton (triton_src/rms_norm.py).
+//
+// Forward: rows up to the largest single-pass block go to rms_norm_fwd (the smallest block
+// that holds a row), longer rows to rms_norm_fwd_looped. Backward: a persistent grid of
+// programs, each over a range of rows, writing fp32 partial weight gradients that one
+// reduction sums.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include "ops/rms_norm/rms_norm.h"
+#include "runtime/checks.h"
+#include "runtime/kernels.h"
+
+namespace fk::ops {
+namespace {
+
+using runtime::KernelArgs;
+
+struct Rows {
+  at::Tensor x2d;  // contiguous (M, N) view of the input
+  int64_t m, n;
+};
+
+Rows as_rows(const at::Tensor& x) {
+  auto xc = x.contiguous();
+  const int64_t n = x.size(-1);
+  const int64_t m = n == 0 ? 0 : xc.numel() / n;
+  return {xc.view({m, n}), m, n};
+}
+
+uint32_t flags_for(int64_t n, std::initializer_list<const at::Tensor*> tensors) {
+  return (n % 16 == 0 && runtime::aligned16(tensors)) ? runtime::kFlagAligned : 0;
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_forward_cuda(const at::Tensor& x,
+                                                         const std::optional<at::Tensor>& weight,
+                                                         double eps, double offset,
+                                                         c10::string_view casting_mode) {
+  constexpr const char* op = "fk::rms_norm";
+  const auto casting = check_rms_norm(x, weight, casting_mode);
+  const bool has_w = weight.has_value() && weight->defined();
+  auto rows = as_rows(x);
+  auto y = at::empty(x.sizes(), x.options());
+  auto sizes = x.sizes();
+  auto rstd = at::empty(sizes.slice(0, sizes.size() - 1), x.options().dtype(at::kFloat));
+  if (rows.m == 0 || rows.n == 0) return {y, rstd};
+  at::Tensor w = has_w ? weight->contiguous() : rows.x2d;  // unread when has_w == 0
+  const uint32_t flags = flags_for(rows.n, {&rows.x2d, &y, &w});
+
+  static const auto& single = runtime::family("rms_norm_fwd");
+  static const auto& looped = runtime::family("rms_norm_fwd_looped");
+  const bool fits = rows.n <= single.max_block(rows.x2d);
+  const auto& k = fits ? single.pick(op, rows.x2d, rows.n, flags)
+                       : looped.pick(op, rows.x2d, 0, flags);
+  const int64_t rows_per_program = fits ? k.constexpr_value("ROWS") : 1;
+  KernelArgs args;
+  args.ptr(rows.x2d).ptr(w).ptr(y).ptr(rstd).i64(rows.n).i64(rows.n).i64(rows.m).i32(rows.n)
+      .f32(eps).f32(has_w ? offset : 1.0).i32(has_w ? 1 : 0).i32(static_cast<int>(casting));
+  runtime::launch(op, k, x.device(), {checks::ceil_div(rows.m, rows_per_program), 1, 1}, args);
+  return {y, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(
+    const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& weight,
+    const at::Tensor& rstd, double offset, c10::string_view casting_mode,
+    std::array<bool, 2> output_mask) {
+  constexpr const char* op = "fk::_rms_norm_backward";
+  const auto casting = check_rms_norm_backward(grad_y, x, weight, rstd, casting_mode);
+  TORCH_CHECK(rstd.scalar_type() == at::kFloat, op, ": rstd must be float32 on CUDA");
+  const bool has_w = weight.has_value() && weight->defined();
+  auto rows = as_rows(x);
+  auto dy = grad_y.contiguous().view({rows.m, rows.n});
+  auto rstd_c = rstd.contiguous();
+  auto dx = at::empty(x.sizes(), x.options());
+  at::Tensor dw;
+  const bool want_dw = output_mask[1] && has_w;
+  if (rows.m == 0 || rows.n == 0) {
+    if (want_dw) dw = at::zeros_like(*weight);
+    return {dx, dw};
+  }
+  at::Tensor w = has_w ? weight->contiguous() : rows.x2d;
+
+  static const auto& single = runtime::family("rms_norm_bwd");
+  static const auto& looped = runtime::family("rms_norm_bwd_looped");
+  const bool fits = rows.n <= single.max_block(rows.x2d);
+  // Persistent grid: a few programs per multiprocessor, each over a contiguous row range.
+  const int64_t sms = runtime::device_sm_count(x.device().index());
+  const int64_t rows_per_program = checks::ceil_div(rows.m, std::min(rows.m, 4 * sms));
+  const int64_t programs = checks::ceil_div(rows.m, rows_per_program);
+  auto dw_partial = want_dw ? at::empty({programs, rows.n}, x.options().dtype(at::kFloat))
+                            : at::Tensor();
+  const uint32_t flags = flags_for(rows.n, {&rows.x2d, &dy, &dx, &w, &dw_partial});
+  const auto& k = fits ? single.pick(op, rows.x2d, rows.n, flags)
+                       : looped.pick(op, rows.x2d, 0, flags);
+  KernelArgs args;
+  args.ptr(dy).ptr(rows.x2d).ptr(w).ptr(rstd_c).ptr(dx).ptr(dw_partial)
+      .i64(rows.n).i64(rows.n).i64(rows.n).i64(rows.m).i32(rows.n)
+      .f32(has_w ? offset : 1.0).i64(rows_per_program).i32(has_w ? 1 : 0)
+      .i32(static_cast<int>(casting));
+  runtime::launch(op, k, x.device(), {programs, 1, 1}, args);
+  if (want_dw) dw = dw_partial.sum(0).to(weight->scalar_type());
+  return {dx, dw};
+}
+
+}  // namespace
+}  // namespace fk::ops
+
+TORCH_LIBRARY_IMPL(fk, CUDA, m) {
+  m.impl("_rms_norm_forward", fk::ops::rms_norm_forward_cuda);
+  m.impl("_rms_norm_backward", fk::ops::rms_norm_backward_cuda);
+}

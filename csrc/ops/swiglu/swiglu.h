@@ -1,0 +1,20 @@
+// fk::swiglu: c = silu(a) * b, elementwise; silu and the product in fp32.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <tuple>
+
+namespace fk::ops {
+
+// Shared by every backend: same device, same dtype, same shape, supported dtype.
+void check_swiglu(const at::Tensor& a, const at::Tensor& b);
+void check_swiglu_backward(const at::Tensor& grad_c, const at::Tensor& a, const at::Tensor& b);
+
+// Calls through the dispatcher (used by the autograd kernel and the public C++ API).
+at::Tensor swiglu_call(const at::Tensor& a, const at::Tensor& b);
+std::tuple<at::Tensor, at::Tensor> swiglu_backward_call(const at::Tensor& grad_c,
+                                                        const at::Tensor& a,
+                                                        const at::Tensor& b);
+
+}  // namespace fk::ops

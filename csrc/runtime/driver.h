@@ -1,0 +1,40 @@
+// The CUDA driver API, resolved at run time from libcuda.so.1 so that libfk loads (and its
+// CPU ops work) on machines with no GPU driver.
+#pragma once
+
+#include <cuda.h>
+
+namespace fk::runtime {
+
+struct Driver {
+  decltype(&::cuInit) cuInit;
+  decltype(&::cuGetErrorString) cuGetErrorString;
+  decltype(&::cuDeviceGet) cuDeviceGet;
+  decltype(&::cuDeviceGetAttribute) cuDeviceGetAttribute;
+  decltype(&::cuDeviceGetName) cuDeviceGetName;
+  decltype(&::cuDevicePrimaryCtxRetain) cuDevicePrimaryCtxRetain;
+  decltype(&::cuCtxGetCurrent) cuCtxGetCurrent;
+  decltype(&::cuCtxSetCurrent) cuCtxSetCurrent;
+  decltype(&::cuModuleLoadData) cuModuleLoadData;
+  decltype(&::cuModuleGetFunction) cuModuleGetFunction;
+  decltype(&::cuFuncSetAttribute) cuFuncSetAttribute;
+  decltype(&::cuFuncGetAttribute) cuFuncGetAttribute;
+  decltype(&::cuLaunchKernel) cuLaunchKernel;
+  decltype(&::cuLaunchKernelEx) cuLaunchKernelEx;
+};
+
+// Loads the driver on first use (thread-safe); throws a c10::Error naming what is missing.
+const Driver& driver();
+
+// "CUDA_ERROR_...: message" for a driver result code.
+const char* error_string(CUresult r);
+
+}  // namespace fk::runtime
+
+// Checks a driver call; on failure throws naming the op/kernel context and the CUDA error.
+#define FK_CU_CHECK(expr, context)                                                   \
+  do {                                                                               \
+    CUresult fk_cu_result_ = (expr);                                                 \
+    TORCH_CHECK(fk_cu_result_ == CUDA_SUCCESS, context, ": ", #expr, " failed: ",    \
+                ::fk::runtime::error_string(fk_cu_result_));                         \
+  } while (0)

@@ -1,0 +1,26 @@
+"""fk: fused GPU kernels for LLM training.
+
+The kernels are Triton programs compiled ahead of time into cubins inside ``libfk.so``,
+which registers the PyTorch operators ``torch.ops.fk.*`` (CUDA, CPU reference, Meta and
+Autograd kernels). Importing fk loads that library; it never imports Triton.
+
+    import fk
+    y = fk.rms_norm(x, weight, eps=1e-6)          # functional API
+    mlp = fk.nn.SwiGLUMLP(4096, 14336)            # modules
+"""
+from pathlib import Path as _Path
+
+from ._library import build_info, load_library
+
+load_library()
+
+from . import nn  # noqa: E402
+from .ops.rms_norm import rms_norm  # noqa: E402
+from .ops.swiglu import swiglu  # noqa: E402
+
+__version__ = "0.1.0"
+
+#: Pass to CMake (CMAKE_PREFIX_PATH) so that ``find_package(fk)`` finds this installation.
+cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
+
+__all__ = ["swiglu", "rms_norm", "nn", "build_info", "cmake_prefix_path"]

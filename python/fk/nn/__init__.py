@@ -1,0 +1,5 @@
+"""Modules built on fk ops, drop-in for their torch / Hugging Face counterparts."""
+from .rms_norm import RMSNorm
+from .swiglu import SwiGLUMLP
+
+__all__ = ["RMSNorm", "SwiGLUMLP"]

@@ -1,0 +1,61 @@
+"""Shared pieces of the Triton kernel sources: the variant record and small helpers.
+
+Everything here is plain data or ``@triton.jit`` code. Importing it needs Triton but no
+GPU and no torch; the build-time compiler (``cmake/fk_aot.py``) reads the ``variants``
+function of every op module and compiles each variant for each requested arch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import triton
+import triton.language as tl
+
+# Flags a variant can be specialized on. The C++ side builds the same mask from the
+# actual arguments (see csrc/runtime/kernels.h) and asks for the variant that matches.
+FLAG_ALIGNED = 1  # every pointer 16-byte aligned, every row length/stride a multiple of 16
+
+DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One AOT build of one kernel.
+
+    family:  the name the C++ op asks for, e.g. ``"rms_norm_fwd"``.
+    kernel:  the ``@triton.jit`` function's name in the op module.
+    dtype:   the element type the variant is built for (``fp32`` / ``bf16`` / ``fp16``).
+    block:   the bucket the variant covers (a block size); the runtime picks the smallest
+             block that is at least what the shape needs.
+    flags:   bit mask of ``FLAG_*`` specializations.
+    signature: argument name -> Triton type (``*bf16``, ``i64``, ``fp32``, ``constexpr``).
+    constexprs: values of the ``constexpr`` arguments.
+    """
+
+    family: str
+    kernel: str
+    dtype: str
+    block: int
+    signature: dict
+    constexprs: dict
+    num_warps: int = 4
+    num_stages: int = 1
+    flags: int = 0
+    divisible_by_16: tuple = field(default=())
+
+    def key(self) -> str:
+        return f"{self.family}.{self.dtype}.b{self.block}.f{self.flags}"
+
+
+def aligned_args(signature: dict, flags: int, extra: tuple = ()) -> tuple:
+    """Arguments that get Triton's divisibility-by-16 hint in an aligned variant: every
+    pointer, plus the integer arguments named in ``extra`` (row lengths, strides)."""
+    if not flags & FLAG_ALIGNED:
+        return ()
+    ptrs = tuple(name for name, ty in signature.items() if ty.startswith("*"))
+    return ptrs + tuple(extra)
+
+
+@triton.jit
+def sigmoid_f32(x):
+    return 1.0 / (1.0 + tl.exp(-x))
