@@ -19,6 +19,9 @@ if(NOT TARGET fk::fk)
     IMPORTED_LOCATION "${_fk_prefix}/lib/libfk.so"
     IMPORTED_NO_SONAME FALSE
     INTERFACE_INCLUDE_DIRECTORIES "${_fk_prefix}/include"
-    INTERFACE_LINK_LIBRARIES fk::torch)
+    INTERFACE_LINK_LIBRARIES fk::torch
+    # libfk registers its operators when loaded; keep it linked even where the program
+    # calls none of its functions (e.g. only runs TorchScript that uses torch.ops.fk.*).
+    INTERFACE_LINK_OPTIONS "LINKER:--no-as-needed")
 endif()
 set(fk_FOUND TRUE)

@@ -11,11 +11,13 @@ namespace fk::checks {
 // CPU reference backend (and on Meta, which cannot tell).
 inline void check_float(const char* op, const char* name, const at::Tensor& t) {
   const auto st = t.scalar_type();
-  const bool ok = st == at::kFloat || st == at::kBFloat16 || st == at::kHalf ||
-                  (st == at::kDouble && !t.is_cuda());
-  TORCH_CHECK(ok, op, ": ", name, " has dtype ", st, ", which is not supported",
-              t.is_cuda() ? " on CUDA" : "", " (supported: float32, bfloat16, float16",
-              t.is_cuda() ? "" : ", and float64 on CPU", ")");
+  const bool floating = st == at::kFloat || st == at::kBFloat16 || st == at::kHalf;
+  TORCH_CHECK(floating || st == at::kDouble, op, ": ", name, " has dtype ", st,
+              ", which is not supported (supported: float32, bfloat16, float16; float64 on "
+              "CPU only)");
+  TORCH_CHECK(floating || !t.is_cuda(), op, ": ", name,
+              " has dtype Double, which is not supported on CUDA (supported: float32, "
+              "bfloat16, float16; float64 on CPU only)");
 }
 
 inline void check_same_device(const char* op, const char* na, const at::Tensor& a,

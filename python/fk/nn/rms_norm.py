@@ -6,6 +6,17 @@ from torch import nn
 from ..ops.rms_norm import CASTING_MODES, rms_norm
 
 
+def _machine_eps(dtype: torch.dtype) -> float:
+    """torch.finfo(dtype).eps, written out so that TorchScript can compile it."""
+    if dtype == torch.bfloat16:
+        return 0.0078125
+    if dtype == torch.float16:
+        return 0.0009765625
+    if dtype == torch.float64:
+        return 2.220446049250313e-16
+    return 1.1920928955078125e-07
+
+
 class RMSNorm(nn.Module):
     """RMSNorm over the last dimension, with the constructor of ``torch.nn.RMSNorm``.
 
@@ -37,7 +48,9 @@ class RMSNorm(nn.Module):
             self.register_parameter("weight", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        eps = self.eps
+        if eps is None:
+            eps = _machine_eps(x.dtype)
         return rms_norm(x, self.weight, eps, self.offset, self.casting_mode)
 
     def extra_repr(self) -> str:

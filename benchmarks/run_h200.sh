@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The GPU-machine run: installs the prebuilt wheel from dist/ (and wheels from .whl/, e.g.
+# Liger Kernel) into a private folder, then runs the steps named in $1 (default: all):
+#   tests  GPU tests (marker cuda) with triton made unimportable
+#   cold   first-call latency in fresh processes (fk, torch.compile, Liger)
+#   bench  the op benchmarks at Llama-3-8B shapes
+# Logs and CSVs go to $OUT (default ./gpu_out).
+set -uo pipefail
+STEPS=${1:-tests,cold,bench}
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+SITE=/tmp/fk_site
+rm -rf "$SITE"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" dist/fk-*.whl \
+  $(ls .whl/*.whl 2>/dev/null) || exit 1
+export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, fk; print(torch.__version__, fk.build_info())" | tee -a "$OUT/gpu.txt"
+rc=0
+if [[ $STEPS == *tests* ]]; then
+  FK_BLOCK_TRITON=1 python3 -m pytest tests/ops -m cuda -q -p no:cacheprovider 2>&1 \
+    | tee "$OUT/tests.log" | tail -25
+  rc=${PIPESTATUS[0]}
+  # torch.compile and opcheck import triton through torch itself when it is installed.
+  FK_CHECK_NO_TRITON=1 python3 -m pytest tests/ops -m cuda -k "not compile and not opcheck" -q -x \
+    -p no:cacheprovider 2>&1 | tee "$OUT/tests_no_triton_import.log" | tail -3
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+fi
+if [[ $STEPS == *probe* ]]; then
+  python3 benchmarks/probes/first_backward.py trace 2>&1 | tee "$OUT/probe.log"
+fi
+if [[ $STEPS == *cold* ]]; then
+  python3 benchmarks/cold_start.py --out "$OUT/cold_start.jsonl" 2>&1 | tee "$OUT/cold_start.log"
+fi
+if [[ $STEPS == *bench* ]]; then
+  for op in rms_norm swiglu; do
+    python3 benchmarks/benchmark_$op.py --model llama_3_8b --sweep-mode token_length \
+      --out "$OUT" 2>&1 | tee "$OUT/bench_$op.log"
+  done
+fi
+exit $rc

@@ -1,0 +1,41 @@
+import os
+import sys
+
+import pytest
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(_ROOT, "tests"))
+
+
+if os.environ.get("FK_BLOCK_TRITON") == "1":
+    # Triton made unimportable, as on a machine without it: `import triton` raises
+    # ModuleNotFoundError and importlib.util.find_spec("triton") returns None.
+    sys.modules["triton"] = None
+else:
+    # Level-1 tests run the Triton sources on the CPU. Triton reads this flag when it is
+    # first imported, so it is set for the whole run; fk itself never imports Triton.
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # FK_CHECK_NO_TRITON=1 (with Triton installed and importable): fail the run if anything
+    # imported it. Use with tests that do not import Triton themselves (marker cuda, no
+    # torch.compile).
+    if os.environ.get("FK_CHECK_NO_TRITON") == "1" and "triton" in sys.modules:
+        print("\nerror: triton was imported during this run")
+        session.exitstatus = 1
+
+
+def _has_cuda():
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

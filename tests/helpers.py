@@ -1,0 +1,124 @@
+"""The one shared test helper: independent pure-torch references, tolerances, utilities.
+
+The references here are written from the models' definitions (Hugging Face Llama / Gemma
+RMSNorm, SwiGLU MLP), in float64 unless a casting mode says otherwise; they share no code
+with fk's CPU backend.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# Relative error bounds (||out - ref|| / ||ref||) for one rounding to the dtype, plus room
+# for fp32 accumulation-order differences.
+TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out64, ref64 = out.detach().double().cpu(), ref.detach().double().cpu()
+    assert out64.shape == ref64.shape, (out64.shape, ref64.shape)
+    if torch.isnan(out64).any() or torch.isnan(ref64).any():
+        same = torch.equal(torch.isnan(out64), torch.isnan(ref64))
+        assert same, "NaN pattern differs"
+        out64, ref64 = out64.nan_to_num(0.0), ref64.nan_to_num(0.0)
+    denom = ref64.norm().item()
+    num = (out64 - ref64).norm().item()
+    return num / denom if denom > 0 else num
+
+
+def assert_close(out, ref, dtype, factor=1.0, what="", scale=None):
+    """Relative error within TOL[dtype] * factor. Where the result is a near-cancellation
+    of larger terms (e.g. the input gradient of a norm over one element), pass the size of
+    those terms as `scale`: the error is then measured against max(||ref||, scale)."""
+    err = rel_err(out, ref)
+    if scale is not None:
+        ref_norm = ref.detach().double().norm().item()
+        err = err * ref_norm / max(ref_norm, scale) if ref_norm > 0 else err / scale
+    assert err <= TOL[dtype] * factor, f"{what} relative error {err:.3g} > {TOL[dtype] * factor:.3g}"
+
+
+def randn(*shape, dtype=torch.float32, device="cpu", scale=1.0, seed=None):
+    g = torch.Generator(device="cpu")
+    g.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+    return (torch.randn(*shape, generator=g, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
+
+
+# --- references -----------------------------------------------------------------------
+
+def ref_swiglu(a, b):
+    """silu(a) * b in float64, rounded once to a's dtype."""
+    a64, b64 = a.double(), b.double()
+    return (a64 / (1 + torch.exp(-a64)) * b64).to(a.dtype)
+
+
+def ref_rms_norm(x, weight=None, eps=1e-6, offset=0.0, casting_mode="llama"):
+    """RMSNorm as the models define it.
+
+    llama: HF LlamaRMSNorm: fp32 variance and normalisation, cast back to the input dtype,
+           then multiplied by (offset + weight) in the weight's dtype.
+    gemma: HF GemmaRMSNorm: everything in fp32, (offset + weight) in fp32, cast at the end.
+    none:  rstd cast to the input dtype; everything else in the input dtype.
+    """
+    dtype = x.dtype
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    xf = x.to(acc)
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if casting_mode == "gemma":
+        y = xf * rstd
+        if weight is not None:
+            y = y * (offset + weight.to(acc))
+        return y.to(dtype)
+    if casting_mode == "llama":
+        y = (xf * rstd).to(dtype)
+    elif casting_mode == "none":
+        y = x * rstd.to(dtype)
+    else:
+        raise ValueError(casting_mode)
+    if weight is not None:
+        y = y * (offset + weight)
+    return y.to(dtype)
+
+
+def ref_grads(fn, inputs, grad_out):
+    """Gradients of fn at inputs via autograd on float64 copies."""
+    leaves = [t.detach().double().requires_grad_(t.requires_grad) if t is not None else None
+              for t in inputs]
+    out = fn(*leaves)
+    out.backward(grad_out.double())
+    return [l.grad if l is not None and l.requires_grad else None for l in leaves]
+
+
+# --- Triton sources under the interpreter ---------------------------------------------
+
+def load_triton_src(op: str):
+    """Import triton_src/<op>.py; tests/conftest.py sets TRITON_INTERPRET=1 for the run, so
+    its kernels execute on the CPU."""
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run under pytest (tests/conftest.py)"
+    src = os.path.join(ROOT, "triton_src")
+    if src not in sys.path:
+        sys.path.insert(0, src)
+    return importlib.import_module(op)
+
+
+# --- CUDA -------------------------------------------------------------------------------
+
+def poison_cuda_cache(nbytes: int = 1 << 28):
+    """Fill a large block of the caching allocator with NaN and free it, so that outputs
+    allocated next reuse NaN-filled memory: an element a kernel fails to write shows."""
+    t = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").fill_(float("nan"))
+    del t
+
+
+def misaligned(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t whose data pointer is 2 bytes past a 16-byte boundary (same values)."""
+    flat = torch.empty(t.numel() + 8, dtype=t.dtype, device=t.device)
+    view = flat[1:1 + t.numel()].view(t.shape)
+    view.copy_(t)
+    assert view.data_ptr() % 16 != 0
+    return view
