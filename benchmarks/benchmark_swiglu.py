@@ -22,6 +22,13 @@ def liger_swiglu():
 
 
 def fk_swiglu():
+    # Under the same contract as Liger's: the backward may write da and db into a and b
+    # (fk.swiglu(..., backward_in_place=True), as fk.nn.SwiGLUMLP uses it).
+    import fk
+    return lambda a, b: fk.swiglu(a, b, backward_in_place=True)
+
+
+def fk_swiglu_out_of_place():
     import fk
     return fk.swiglu
 
@@ -48,6 +55,7 @@ def main():
         "torch.compile": lambda: torch.compile(swiglu_reference),
         "liger": liger_swiglu,
         "fk": fk_swiglu,
+        "fk (new grads)": fk_swiglu_out_of_place,
     }
     H.run(ctx, "swiglu", make_inputs, providers, bytes_moved, shape=f"(tokens, {n})")
 

@@ -13,8 +13,9 @@
 namespace fk {
 
 // silu(a) * b, elementwise. a and b: same shape, dtype (float32 / bfloat16 / float16, or
-// float64 on CPU) and device.
-at::Tensor swiglu(const at::Tensor& a, const at::Tensor& b);
+// float64 on CPU) and device. backward_in_place: the backward may write the gradients into
+// a's and b's memory (for intermediates nothing else reads, e.g. inside an MLP).
+at::Tensor swiglu(const at::Tensor& a, const at::Tensor& b, bool backward_in_place = false);
 
 // RMSNorm over the last dimension: x * rsqrt(mean(x^2) + eps) * (offset + weight).
 // casting_mode: "llama" (Hugging Face Llama), "gemma" (all fp32), "none".

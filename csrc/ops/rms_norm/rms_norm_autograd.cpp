@@ -1,5 +1,6 @@
 // Autograd kernel of fk::rms_norm: forward keeps x, weight and the fp32 rstd per row.
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
 #include "ops/rms_norm/rms_norm.h"
@@ -44,4 +45,8 @@ at::Tensor rms_norm_autograd(const at::Tensor& x, const std::optional<at::Tensor
 
 TORCH_LIBRARY_IMPL(fk, Autograd, m) {
   m.impl("rms_norm", fk::ops::rms_norm_autograd);
+  // Internal ops are not differentiable: differentiating them (double backward) raises
+  // "the derivative for ... is not implemented".
+  m.impl("_rms_norm_forward", torch::autograd::autogradNotImplementedFallback());
+  m.impl("_rms_norm_backward", torch::autograd::autogradNotImplementedFallback());
 }

@@ -10,9 +10,12 @@ namespace fk::ops {
 // Shared by every backend: same device, same dtype, same shape, supported dtype.
 void check_swiglu(const at::Tensor& a, const at::Tensor& b);
 void check_swiglu_backward(const at::Tensor& grad_c, const at::Tensor& a, const at::Tensor& b);
+void check_swiglu_backward_in_place(const at::Tensor& grad_c, const at::Tensor& a,
+                                    const at::Tensor& b);
 
 // Calls through the dispatcher (used by the autograd kernel and the public C++ API).
-at::Tensor swiglu_call(const at::Tensor& a, const at::Tensor& b);
+at::Tensor swiglu_call(const at::Tensor& a, const at::Tensor& b, bool backward_in_place);
+void swiglu_backward_in_place_call(const at::Tensor& grad_c, at::Tensor& a, at::Tensor& b);
 std::tuple<at::Tensor, at::Tensor> swiglu_backward_call(const at::Tensor& grad_c,
                                                         const at::Tensor& a,
                                                         const at::Tensor& b);

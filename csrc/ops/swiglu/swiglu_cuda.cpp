@@ -23,7 +23,7 @@ void launch_elementwise(const char* op, const char* family_name,
   runtime::launch(op, k, like.device(), {checks::ceil_div(n, k.block), 1, 1}, args);
 }
 
-at::Tensor swiglu_cuda(const at::Tensor& a, const at::Tensor& b) {
+at::Tensor swiglu_cuda(const at::Tensor& a, const at::Tensor& b, bool) {
   check_swiglu(a, b);
   auto ac = a.contiguous(), bc = b.contiguous();
   auto c = at::empty(ac.sizes(), ac.options());
@@ -48,10 +48,21 @@ std::tuple<at::Tensor, at::Tensor> swiglu_backward_cuda(const at::Tensor& grad_c
   return {da, db};
 }
 
+// Each element is read and written by the same thread, so outputs may alias the inputs.
+void swiglu_backward_in_place_cuda(const at::Tensor& grad_c, at::Tensor& a, at::Tensor& b) {
+  check_swiglu_backward_in_place(grad_c, a, b);
+  if (a.numel() == 0) return;
+  auto dc = grad_c.contiguous();
+  KernelArgs args;
+  args.ptr(dc).ptr(a).ptr(b).ptr(a).ptr(b);
+  launch_elementwise("fk::_swiglu_backward_", "swiglu_bwd", {&dc, &a, &b}, args, a);
+}
+
 }  // namespace
 }  // namespace fk::ops
 
 TORCH_LIBRARY_IMPL(fk, CUDA, m) {
   m.impl("swiglu", fk::ops::swiglu_cuda);
   m.impl("_swiglu_backward", fk::ops::swiglu_backward_cuda);
+  m.impl("_swiglu_backward_", fk::ops::swiglu_backward_in_place_cuda);
 }

@@ -7,7 +7,7 @@
 namespace fk::ops {
 namespace {
 
-at::Tensor swiglu_meta(const at::Tensor& a, const at::Tensor& b) {
+at::Tensor swiglu_meta(const at::Tensor& a, const at::Tensor& b, bool) {
   check_swiglu(a, b);
   return at::empty_symint(a.sym_sizes(), a.options());
 }
@@ -20,10 +20,15 @@ std::tuple<at::Tensor, at::Tensor> swiglu_backward_meta(const at::Tensor& grad_c
           at::empty_symint(b.sym_sizes(), b.options())};
 }
 
+void swiglu_backward_in_place_meta(const at::Tensor& grad_c, at::Tensor& a, at::Tensor& b) {
+  check_swiglu_backward_in_place(grad_c, a, b);
+}
+
 }  // namespace
 }  // namespace fk::ops
 
 TORCH_LIBRARY_IMPL(fk, Meta, m) {
   m.impl("swiglu", fk::ops::swiglu_meta);
   m.impl("_swiglu_backward", fk::ops::swiglu_backward_meta);
+  m.impl("_swiglu_backward_", fk::ops::swiglu_backward_in_place_meta);
 }

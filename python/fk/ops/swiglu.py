@@ -1,16 +1,24 @@
 import torch
 
 
-def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def swiglu(a: torch.Tensor, b: torch.Tensor, backward_in_place: bool = False) -> torch.Tensor:
     """SwiGLU gate: ``silu(a) * b``, elementwise.
 
     Args:
         a: gate pre-activations, any shape. float32, bfloat16 or float16 (float64 on CPU).
         b: up projections, same shape, dtype and device as ``a``.
+        backward_in_place: let the backward pass write the gradients of ``a`` and ``b`` into
+            ``a``'s and ``b``'s own memory instead of allocating two new tensors. Use it only
+            when nothing reads ``a`` or ``b`` after the backward, as inside an MLP where they
+            are the gate and up projections (``fk.nn.SwiGLUMLP`` does). It is skipped, and new
+            tensors are allocated, when the backward retains the graph, builds a
+            higher-order graph, or ``a``/``b`` are non-contiguous or share memory. After an
+            in-place backward, an op that saved ``a`` or ``b`` for its own backward raises
+            autograd's "modified by an inplace operation" error rather than use them.
 
     Returns:
         A new contiguous tensor of ``a``'s shape and dtype. ``silu(a)`` and the product are
         computed in float32 and rounded once. Non-contiguous inputs are copied to contiguous
         memory first. Differentiable in ``a`` and ``b``; the backward recomputes ``silu``.
     """
-    return torch.ops.fk.swiglu(a, b)
+    return torch.ops.fk.swiglu(a, b, backward_in_place)
