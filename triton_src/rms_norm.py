@@ -158,6 +158,20 @@ def rms_norm_bwd_looped_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, d
             tl.store(dw_row + cols, dw, mask=wmask)
 
 
+@triton.jit
+def rms_norm_dw_kernel(partial_ptr, dw_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dw[j] = sum_p partial[p, j], summed in fp32, written in dw's dtype."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+    for start in range(0, P, BLOCK_P):
+        rows = start + tl.arange(0, BLOCK_P)
+        mask = (rows < P)[:, None] & col_mask[None, :]
+        acc += tl.load(partial_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], mask=mask,
+                       other=0.0)
+    tl.store(dw_ptr + cols, tl.sum(acc, axis=0).to(dw_ptr.dtype.element_ty), mask=col_mask)
+
+
 # Single-pass buckets: (BLOCK_N, rows per program, warps). Rows past the largest bucket go
 # to the looped kernels, which take any N in chunks of LOOP_BLOCK.
 _FWD_BUCKETS = ((256, 8, 4), (1024, 2, 4), (2048, 1, 8), (4096, 1, 8), (8192, 1, 16),
@@ -170,7 +184,10 @@ _FWD_ARGS = ("x_ptr", "w_ptr", "y_ptr", "rstd_ptr", "x_stride", "y_stride", "M",
 _BWD_ARGS = ("dy_ptr", "x_ptr", "w_ptr", "rstd_ptr", "dx_ptr", "dw_ptr", "dy_stride",
              "x_stride", "dx_stride", "M", "N", "offset", "rows_per_program", "has_w",
              "casting")
-_TYPES = {"rstd_ptr": "*fp32", "dw_ptr": "*fp32", "eps": "fp32", "offset": "fp32",
+_DW_ARGS = ("partial_ptr", "dw_ptr", "P", "N")
+_DW_BLOCK = (32, 64)  # (rows, columns) per step of the dw reduction
+_TYPES = {"rstd_ptr": "*fp32", "dw_ptr": "*fp32", "partial_ptr": "*fp32", "P": "i32",
+          "eps": "fp32", "offset": "fp32",
           "x_stride": "i64", "y_stride": "i64", "dy_stride": "i64", "dx_stride": "i64",
           "M": "i64", "N": "i32", "rows_per_program": "i64", "has_w": "i32", "casting": "i32"}
 
@@ -203,4 +220,10 @@ def variants(arch: int) -> list:
                 {"BLOCK_N": LOOP_BLOCK}, 8)
             add("rms_norm_bwd_looped", "rms_norm_bwd_looped_kernel", _BWD_ARGS, LOOP_BLOCK,
                 {"BLOCK_N": LOOP_BLOCK}, 8)
+        sig = _signature(_DW_ARGS, dt, ("BLOCK_P", "BLOCK_N"))
+        sig["dw_ptr"] = f"*{dt}"
+        out.append(Variant(family="rms_norm_dw", kernel="rms_norm_dw_kernel", dtype=dt,
+                           block=_DW_BLOCK[1], signature=sig,
+                           constexprs={"BLOCK_P": _DW_BLOCK[0], "BLOCK_N": _DW_BLOCK[1]},
+                           num_warps=4))
     return out

@@ -85,9 +85,10 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(
   static const auto& single = runtime::family("rms_norm_bwd");
   static const auto& looped = runtime::family("rms_norm_bwd_looped");
   const bool fits = rows.n <= single.max_block(rows.x2d);
-  // Persistent grid: a few programs per multiprocessor, each over a contiguous row range.
+  // Persistent grid: two programs per multiprocessor (fastest on H200 at Llama shapes,
+  // benchmarks/NOTES.md), each over a contiguous range of rows.
   const int64_t sms = runtime::device_sm_count(x.device().index());
-  const int64_t rows_per_program = checks::ceil_div(rows.m, std::min(rows.m, 4 * sms));
+  const int64_t rows_per_program = checks::ceil_div(rows.m, std::min(rows.m, 2 * sms));
   const int64_t programs = checks::ceil_div(rows.m, rows_per_program);
   auto dw_partial = want_dw ? at::empty({programs, rows.n}, x.options().dtype(at::kFloat))
                             : at::Tensor();
@@ -100,7 +101,15 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(
       .f32(has_w ? offset : 1.0).i64(rows_per_program).i32(has_w ? 1 : 0)
       .i32(static_cast<int>(casting));
   runtime::launch(op, k, x.device(), {programs, 1, 1}, args);
-  if (want_dw) dw = dw_partial.sum(0).to(weight->scalar_type());
+  if (want_dw) {
+    // One pass over the fp32 partial rows, written in the weight's dtype.
+    static const auto& reduce = runtime::family("rms_norm_dw");
+    dw = at::empty({rows.n}, weight->options());
+    const auto& kr = reduce.pick(op, dw, 0, 0);
+    KernelArgs rargs;
+    rargs.ptr(dw_partial).ptr(dw).i32(programs).i32(rows.n);
+    runtime::launch(op, kr, x.device(), {checks::ceil_div(rows.n, kr.block), 1, 1}, rargs);
+  }
   return {dx, dw};
 }
 
