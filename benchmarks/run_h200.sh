@@ -3,7 +3,7 @@
 # Liger Kernel) into a private folder, then runs the steps named in $1 (default: all):
 #   tests  GPU tests (marker cuda) with triton made unimportable
 #   cold   first-call latency in fresh processes (fk, torch.compile, Liger)
-#   bench  the op benchmarks at Llama-3-8B shapes
+#   bench  the op benchmarks at Llama-3-8B shapes, each twice (the spread is the noise)
 # Logs and CSVs go to $OUT (default ./gpu_out).
 set -uo pipefail
 STEPS=${1:-tests,cold,bench}
@@ -26,6 +26,9 @@ if [[ $STEPS == *tests* ]]; then
     -p no:cacheprovider 2>&1 | tee "$OUT/tests_no_triton_import.log" | tail -3
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
 fi
+if [[ $STEPS == *tune* ]]; then
+  python3 benchmarks/tune_rms_norm.py 2>&1 | tee "$OUT/tune.log"
+fi
 if [[ $STEPS == *probe* ]]; then
   python3 benchmarks/probes/first_backward.py trace 2>&1 | tee "$OUT/probe.log"
 fi
@@ -33,9 +36,9 @@ if [[ $STEPS == *cold* ]]; then
   python3 benchmarks/cold_start.py --out "$OUT/cold_start.jsonl" 2>&1 | tee "$OUT/cold_start.log"
 fi
 if [[ $STEPS == *bench* ]]; then
-  for op in rms_norm swiglu; do
+  for op in rms_norm swiglu rms_norm swiglu; do
     python3 benchmarks/benchmark_$op.py --model llama_3_8b --sweep-mode token_length \
-      --out "$OUT" 2>&1 | tee "$OUT/bench_$op.log"
+      --out "$OUT" 2>&1 | tee -a "$OUT/bench_$op.log"
   done
 fi
 exit $rc
