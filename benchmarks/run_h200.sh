@@ -9,10 +9,18 @@ set -uo pipefail
 STEPS=${1:-tests,cold,bench}
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
+# fk goes into the machine's Python environment, as a user installs it; other wheels (.whl/)
+# and an sm_80-only build of fk (dist-sm80/, for the missing-arch error) into folders aside.
+python3 -m pip install -q --no-index --no-deps --no-compile --force-reinstall dist/fk-*.whl || exit 1
 SITE=/tmp/fk_site
-rm -rf "$SITE"
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" dist/fk-*.whl \
-  $(ls .whl/*.whl 2>/dev/null) || exit 1
+rm -rf "$SITE" /tmp/fk_sm80
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl || exit 1
+fi
+if ls dist-sm80/fk-*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fk_sm80 dist-sm80/fk-*.whl
+  export FK_SM80_ONLY_LIBRARY=/tmp/fk_sm80/fk/lib/libfk.so
+fi
 export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, fk; print(torch.__version__, fk.build_info())" | tee -a "$OUT/gpu.txt"
@@ -21,6 +29,10 @@ if [[ $STEPS == *tests* ]]; then
   FK_BLOCK_TRITON=1 python3 -m pytest tests/ops -m cuda -q -p no:cacheprovider 2>&1 \
     | tee "$OUT/tests.log" | tail -25
   rc=${PIPESTATUS[0]}
+  # Integration (TorchScript, the C++ program on this GPU, wheel, missing-arch error).
+  FK_BLOCK_TRITON=1 python3 -m pytest tests/integration -q -p no:cacheprovider 2>&1 \
+    | tee "$OUT/tests_integration.log" | tail -5
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   # torch.compile and opcheck import triton through torch itself when it is installed.
   FK_CHECK_NO_TRITON=1 python3 -m pytest tests/ops -m cuda -k "not compile and not opcheck" -q -x \
     -p no:cacheprovider 2>&1 | tee "$OUT/tests_no_triton_import.log" | tail -3

@@ -49,6 +49,19 @@ def randn(*shape, dtype=torch.float32, device="cpu", scale=1.0, seed=None):
     return (torch.randn(*shape, generator=g, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
 
 
+def error_lines(call, devices, match):
+    """The first line of the RuntimeError that `call(device)` raises, for each device; each
+    must match `match`. Backends are meant to agree on the text."""
+    import pytest
+
+    lines = []
+    for device in devices:
+        with pytest.raises(RuntimeError, match=match) as e:
+            call(device)
+        lines.append(str(e.value).splitlines()[0])
+    return lines
+
+
 # --- references -----------------------------------------------------------------------
 
 def ref_swiglu(a, b):

@@ -120,6 +120,17 @@ def rms_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, dy_strid
 
 
 @triton.jit
+def _bwd_chunk(x_ptr, dy_ptr, w_ptr, row, x_stride, dy_stride, start, N, offset, has_w, casting,
+               dtype, BLOCK_N: tl.constexpr):
+    """One BLOCK_N chunk of a row for the looped backward: columns, mask, x, dy, offset + w."""
+    cols = start + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + row * dy_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    return cols, mask, x, dy, _weight(w_ptr, cols, mask, offset, has_w, casting, dtype)
+
+
+@triton.jit
 def rms_norm_bwd_looped_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, dy_stride,
                                x_stride, dx_stride, M, N, offset, rows_per_program, has_w,
                                casting, BLOCK_N: tl.constexpr):
@@ -136,19 +147,13 @@ def rms_norm_bwd_looped_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, d
         rstd = tl.load(rstd_ptr + row)
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            mask = cols < N
-            x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + row * dy_stride + cols, mask=mask, other=0.0).to(tl.float32)
-            wp = _weight(w_ptr, cols, mask, offset, has_w, casting, dtype)
+            cols, mask, x, dy, wp = _bwd_chunk(x_ptr, dy_ptr, w_ptr, row, x_stride, dy_stride,
+                                               start, N, offset, has_w, casting, dtype, BLOCK_N)
             acc += dy * wp * x * rstd
         c = tl.sum(acc, axis=0) / N
         for start in range(0, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            mask = cols < N
-            x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + row * dy_stride + cols, mask=mask, other=0.0).to(tl.float32)
-            wp = _weight(w_ptr, cols, mask, offset, has_w, casting, dtype)
+            cols, mask, x, dy, wp = _bwd_chunk(x_ptr, dy_ptr, w_ptr, row, x_stride, dy_stride,
+                                               start, N, offset, has_w, casting, dtype, BLOCK_N)
             xh = x * rstd
             dx = rstd * (dy * wp - xh * c)
             tl.store(dx_ptr + row * dx_stride + cols, dx.to(dtype), mask=mask)

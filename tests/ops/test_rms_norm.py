@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import fk
-from helpers import (DTYPES, assert_close, load_triton_src, misaligned, poison_cuda_cache,
-                     randn, ref_grads, ref_rms_norm)
+from helpers import (DTYPES, assert_close, error_lines, load_triton_src, misaligned,
+                     poison_cuda_cache, randn, ref_grads, ref_rms_norm)
 
 MODES = ("llama", "gemma", "none")
 
@@ -144,13 +144,13 @@ BAD = [
 
 @pytest.mark.parametrize("name,make,msg", BAD, ids=[b[0] for b in BAD])
 def test_bad_input_cpu_and_meta_agree(name, make, msg):
-    messages = []
-    for device in ("cpu", "meta"):
-        x, w, mode = make(device)
-        with pytest.raises(RuntimeError, match=msg) as e:
-            fk.rms_norm(x, w, 1e-6, 0.0, mode)
-        messages.append(str(e.value).splitlines()[0])
-    assert messages[0] == messages[1]
+    cpu, meta = error_lines(lambda d: _call_bad(make, d), ("cpu", "meta"), msg)
+    assert cpu == meta
+
+
+def _call_bad(make, device):
+    x, w, mode = make(device)
+    return fk.rms_norm(x, w, 1e-6, 0.0, mode)
 
 
 def test_devices_differ():
@@ -269,13 +269,8 @@ def test_cuda_llama_shapes_no_weight_and_misaligned(dtype, shape):
 @pytest.mark.cuda
 def test_cuda_bad_input_same_message_as_cpu():
     for name, make, msg in BAD:
-        got = []
-        for device in ("cpu", "cuda"):
-            x, w, mode = make(device)
-            with pytest.raises(RuntimeError, match=msg) as e:
-                fk.rms_norm(x, w, 1e-6, 0.0, mode)
-            got.append(str(e.value).splitlines()[0])
-        assert got[0] == got[1], name
+        cpu, cuda = error_lines(lambda d: _call_bad(make, d), ("cpu", "cuda"), msg)
+        assert cpu == cuda, name
     with pytest.raises(RuntimeError, match="not supported on CUDA"):
         fk.rms_norm(torch.ones(2, 4, dtype=torch.float64, device="cuda"))
     with pytest.raises(RuntimeError, match="must be on the same device"):
