@@ -31,10 +31,11 @@ const char* error_string(CUresult r);
 
 }  // namespace fk::runtime
 
-// Checks a driver call; on failure throws naming the op/kernel context and the CUDA error.
-#define FK_CU_CHECK(expr, context)                                                   \
-  do {                                                                               \
-    CUresult fk_cu_result_ = (expr);                                                 \
-    TORCH_CHECK(fk_cu_result_ == CUDA_SUCCESS, context, ": ", #expr, " failed: ",    \
-                ::fk::runtime::error_string(fk_cu_result_));                         \
+// Checks a driver call; on failure throws with the context (any number of message parts,
+// formatted only on failure) and the CUDA error.
+#define FK_CU_CHECK(expr, ...)                                                        \
+  do {                                                                                \
+    CUresult fk_cu_result_ = (expr);                                                  \
+    TORCH_CHECK(fk_cu_result_ == CUDA_SUCCESS, __VA_ARGS__, ": ", #expr, " failed: ", \
+                ::fk::runtime::error_string(fk_cu_result_));                          \
   } while (0)

@@ -266,13 +266,12 @@ void launch(const char* op, const KernelSpec& k, const at::Device& device,
   args.ptrs_[n + 1] = &args.slots_[n + 1];
 
   const Driver& d = driver();
-  const std::string ctx = std::string(op) + ": launching kernel " + k.variant;
   if (k.num_ctas == 1 && !k.launch_pdl && !k.cooperative) {
     FK_CU_CHECK(d.cuLaunchKernel(fn, static_cast<unsigned>(grid[0]),
                                  static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2]),
                                  32 * k.num_warps, 1, 1, k.shared_bytes, stream.stream(),
                                  args.ptrs_.data(), nullptr),
-                ctx);
+                op, ": launching kernel ", k.variant);
     return;
   }
   CUlaunchAttribute attrs[4];
@@ -305,7 +304,8 @@ void launch(const char* op, const KernelSpec& k, const at::Device& device,
   cfg.hStream = stream.stream();
   cfg.attrs = attrs;
   cfg.numAttrs = num_attrs;
-  FK_CU_CHECK(d.cuLaunchKernelEx(&cfg, fn, args.ptrs_.data(), nullptr), ctx);
+  FK_CU_CHECK(d.cuLaunchKernelEx(&cfg, fn, args.ptrs_.data(), nullptr), op,
+              ": launching kernel ", k.variant);
 }
 
 }  // namespace fk::runtime

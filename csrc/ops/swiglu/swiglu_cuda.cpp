@@ -11,12 +11,21 @@ namespace {
 
 using runtime::KernelArgs;
 
+const runtime::KernelFamily& forward_kernels() {
+  static const auto& fam = runtime::family("swiglu_fwd");
+  return fam;
+}
+
+const runtime::KernelFamily& backward_kernels() {
+  static const auto& fam = runtime::family("swiglu_bwd");
+  return fam;
+}
+
 // Flattened launch over every element; non-contiguous inputs are copied once.
-void launch_elementwise(const char* op, const char* family_name,
+void launch_elementwise(const char* op, const runtime::KernelFamily& fam,
                         std::initializer_list<const at::Tensor*> tensors, KernelArgs& args,
                         const at::Tensor& like) {
   const int64_t n = like.numel();
-  const auto& fam = runtime::family(family_name);
   const uint32_t flags = runtime::aligned16(tensors) ? runtime::kFlagAligned : 0;
   const auto& k = fam.pick(op, like, 0, flags);
   args.i64(n);
@@ -30,7 +39,7 @@ at::Tensor swiglu_cuda(const at::Tensor& a, const at::Tensor& b, bool) {
   if (c.numel() == 0) return c;
   KernelArgs args;
   args.ptr(ac).ptr(bc).ptr(c);
-  launch_elementwise("fk::swiglu", "swiglu_fwd", {&ac, &bc, &c}, args, ac);
+  launch_elementwise("fk::swiglu", forward_kernels(), {&ac, &bc, &c}, args, ac);
   return c;
 }
 
@@ -44,7 +53,8 @@ std::tuple<at::Tensor, at::Tensor> swiglu_backward_cuda(const at::Tensor& grad_c
   if (da.numel() == 0) return {da, db};
   KernelArgs args;
   args.ptr(dc).ptr(ac).ptr(bc).ptr(da).ptr(db);
-  launch_elementwise("fk::_swiglu_backward", "swiglu_bwd", {&dc, &ac, &bc, &da, &db}, args, ac);
+  launch_elementwise("fk::_swiglu_backward", backward_kernels(), {&dc, &ac, &bc, &da, &db}, args,
+                     ac);
   return {da, db};
 }
 
@@ -55,7 +65,7 @@ void swiglu_backward_in_place_cuda(const at::Tensor& grad_c, at::Tensor& a, at::
   auto dc = grad_c.contiguous();
   KernelArgs args;
   args.ptr(dc).ptr(a).ptr(b).ptr(a).ptr(b);
-  launch_elementwise("fk::_swiglu_backward_", "swiglu_bwd", {&dc, &a, &b}, args, a);
+  launch_elementwise("fk::_swiglu_backward_", backward_kernels(), {&dc, &a, &b}, args, a);
 }
 
 }  // namespace
