@@ -8,7 +8,6 @@ PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 # Compiled kernels are cached by content hash here, so rebuilds compile only what changed.
 export FK_AOT_CACHE ?= $(HOME)/.cache/fk/aot
-WHEEL_STAMP := dist/.installed
 
 .PHONY: demo test setup wheel install bench clean
 
