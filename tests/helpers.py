@@ -20,6 +20,10 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
 
 
+def cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     out64, ref64 = out.detach().double().cpu(), ref.detach().double().cpu()
     assert out64.shape == ref64.shape, (out64.shape, ref64.shape)
@@ -64,38 +68,58 @@ def error_lines(call, devices, match):
 
 # --- references -----------------------------------------------------------------------
 
-def ref_swiglu(a, b):
-    """silu(a) * b in float64, rounded once to a's dtype."""
+def round_nearest(t, dtype):
+    """fp32 -> dtype, round to nearest even: what GPUs and torch do."""
+    return t.to(dtype)
+
+
+def round_toward_zero(t, dtype):
+    """fp32 -> dtype as Triton 3.6's interpreter converts: bfloat16 by dropping the low 16
+    bits (round toward zero), other dtypes to nearest (tests/test_interpreter.py checks it).
+    Level-1 tests pass it to the references so that both sides round alike."""
+    if dtype != torch.bfloat16:
+        return t.to(dtype)
+    bits = t.to(torch.float32).contiguous().view(torch.int32) & -65536
+    return bits.view(torch.float32).to(torch.bfloat16)
+
+
+def ref_swiglu(a, b, cast=round_nearest):
+    """silu(a) * b in float64, rounded once to a's dtype with `cast`."""
     a64, b64 = a.double(), b.double()
-    return (a64 / (1 + torch.exp(-a64)) * b64).to(a.dtype)
+    out = a64 / (1 + torch.exp(-a64)) * b64
+    return out.to(a.dtype) if a.dtype == torch.float64 else cast(out.float(), a.dtype)
 
 
-def ref_rms_norm(x, weight=None, eps=1e-6, offset=0.0, casting_mode="llama"):
-    """RMSNorm as the models define it.
+def ref_rms_norm(x, weight=None, eps=1e-6, offset=0.0, casting_mode="llama", cast=round_nearest):
+    """RMSNorm as the models define it, computed in fp32 (fp64 for fp64 inputs) and rounded
+    to x's dtype with `cast` where each model rounds:
 
     llama: HF LlamaRMSNorm: fp32 variance and normalisation, cast back to the input dtype,
-           then multiplied by (offset + weight) in the weight's dtype.
+           then multiplied by (offset + weight), which is formed in the weight's dtype.
     gemma: HF GemmaRMSNorm: everything in fp32, (offset + weight) in fp32, cast at the end.
-    none:  rstd cast to the input dtype; everything else in the input dtype.
+    none:  rstd, the normalised x and (offset + weight) each rounded to the input dtype.
+    A product of two bf16 / fp16 values is exact in fp32, so rounding it once equals the
+    dtype's own multiply.
     """
     dtype = x.dtype
     acc = torch.float64 if dtype == torch.float64 else torch.float32
+
+    def rnd(t):
+        return t if dtype == torch.float64 else cast(t, dtype).to(acc)
+
     xf = x.to(acc)
     rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    if casting_mode == "gemma":
-        y = xf * rstd
-        if weight is not None:
-            y = y * (offset + weight.to(acc))
-        return y.to(dtype)
-    if casting_mode == "llama":
-        y = (xf * rstd).to(dtype)
-    elif casting_mode == "none":
-        y = x * rstd.to(dtype)
-    else:
+    if casting_mode not in ("llama", "gemma", "none"):
         raise ValueError(casting_mode)
+    if casting_mode == "none":
+        rstd = rnd(rstd)
+    y = xf * rstd
+    if casting_mode != "gemma":
+        y = rnd(y)
     if weight is not None:
-        y = y * (offset + weight)
-    return y.to(dtype)
+        wp = offset + weight.to(acc)
+        y = y * (wp if casting_mode == "gemma" else rnd(wp))
+    return y.to(dtype) if dtype == torch.float64 else cast(y, dtype)
 
 
 def ref_grads(fn, inputs, grad_out):
