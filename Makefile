@@ -34,8 +34,8 @@ install: wheel
 	$(PY) -m pip install -q --no-deps --force-reinstall dist/fk-*.whl
 
 bench: install
-	$(PY) benchmarks/benchmark_rms_norm.py --model llama_3_8b --sweep-mode token_length
-	$(PY) benchmarks/benchmark_swiglu.py --model llama_3_8b --sweep-mode token_length
+	for b in benchmarks/benchmark_*.py; do \
+	  $(PY) $$b --model llama_3_8b --sweep-mode token_length || exit 1; done
 
 clean:
 	rm -rf build dist dist.tmp

@@ -3,7 +3,8 @@
 # Liger Kernel) into a private folder, then runs the steps named in $1 (default: all):
 #   tests  GPU tests (marker cuda) with triton made unimportable
 #   cold   first-call latency in fresh processes (fk, torch.compile, Liger)
-#   bench  the op benchmarks at Llama-3-8B shapes, each twice (the spread is the noise)
+#   bench  the op benchmarks at Llama-3-8B shapes, each twice (the spread is the noise);
+#          BENCH_OPS="rope softmax" picks some
 # Logs and CSVs go to $OUT (default ./gpu_out).
 set -uo pipefail
 STEPS=${1:-tests,cold,bench}
@@ -48,9 +49,13 @@ if [[ $STEPS == *cold* ]]; then
   python3 benchmarks/cold_start.py --out "$OUT/cold_start.jsonl" 2>&1 | tee "$OUT/cold_start.log"
 fi
 if [[ $STEPS == *bench* ]]; then
-  for op in rms_norm swiglu rms_norm swiglu; do
-    python3 benchmarks/benchmark_$op.py --model llama_3_8b --sweep-mode token_length \
-      --out "$OUT" 2>&1 | tee -a "$OUT/bench_$op.log"
+  # BENCH_OPS (space-separated) restricts the ops; default: every benchmarks/benchmark_<op>.py.
+  OPS=${BENCH_OPS:-$(ls benchmarks/benchmark_*.py | sed 's|.*/benchmark_||; s|\.py$||')}
+  for pass in 1 2; do
+    for op in $OPS; do
+      python3 benchmarks/benchmark_$op.py --model llama_3_8b --sweep-mode token_length \
+        --out "$OUT" 2>&1 | tee -a "$OUT/bench_$op.log"
+    done
   done
 fi
 exit $rc
