@@ -2,6 +2,7 @@
 # The GPU-machine run: installs the prebuilt wheel from dist/ (and wheels from .whl/, e.g.
 # Liger Kernel) into a private folder, then runs the steps named in $1 (default: all):
 #   tests  GPU tests (marker cuda) with triton made unimportable
+#   tune   launch-config sweeps with Triton's JIT (benchmarks/tune_<op>.py; TUNE_OPS picks some)
 #   cold   first-call latency in fresh processes (fk, torch.compile, Liger)
 #   bench  the op benchmarks at Llama-3-8B shapes, each twice (the spread is the noise);
 #          BENCH_OPS="rope softmax" picks some
@@ -40,7 +41,10 @@ if [[ $STEPS == *tests* ]]; then
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
 fi
 if [[ $STEPS == *tune* ]]; then
-  python3 benchmarks/tune_rms_norm.py 2>&1 | tee "$OUT/tune.log"
+  # TUNE_OPS (space-separated) restricts the sweeps; default: every benchmarks/tune_<op>.py.
+  for op in ${TUNE_OPS:-$(ls benchmarks/tune_*.py | sed 's|.*/tune_||; s|\.py$||')}; do
+    python3 benchmarks/tune_$op.py 2>&1 | tee -a "$OUT/tune.log"
+  done
 fi
 if [[ $STEPS == *probe* ]]; then
   python3 benchmarks/probes/first_backward.py trace 2>&1 | tee "$OUT/probe.log"
