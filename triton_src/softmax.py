@@ -136,8 +136,12 @@ def softmax_bwd_looped_kernel(dy_ptr, y_ptr, dx_ptr, dy_stride, y_stride, dx_str
 # Without the alignment hints the loads are not vectorized and every element keeps its own
 # address: past 16384 that spills 100+ B, so unaligned rows stop there. Longer rows take
 # the looped kernels.
-_BUCKETS = ((256, 8, 4), (1024, 2, 4), (2048, 1, 8), (4096, 1, 8), (8192, 1, 16),
-            (16384, 1, 16), (32768, 1, 32))
+_BUCKETS = {
+    "fwd": ((256, 8, 4), (1024, 2, 4), (2048, 1, 8), (4096, 1, 8), (8192, 1, 16),
+            (16384, 1, 16), (32768, 1, 32)),
+    "bwd": ((256, 8, 4), (1024, 2, 4), (2048, 1, 8), (4096, 1, 8), (8192, 1, 16),
+            (16384, 1, 16), (32768, 1, 32)),
+}
 
 
 def _max_block(kind: str, dt: str, flags: int) -> int:
@@ -178,7 +182,7 @@ def variants(arch: int) -> list:
         for flags in (0, FLAG_ALIGNED):
             for kind in ("fwd", "bwd"):
                 family = f"softmax_{kind}" + ("" if flags & FLAG_ALIGNED else "_unaligned")
-                for block, rows, warps in _BUCKETS:
+                for block, rows, warps in _BUCKETS[kind]:
                     if block <= _max_block(kind, dt, flags):
                         out.append(_variant(family, f"softmax_{kind}_kernel", dt, flags, block,
                                             {"BLOCK_N": block, "ROWS": rows}, warps,

@@ -338,8 +338,12 @@ def test_cuda_other_dims_non_contiguous_misaligned(dtype):
         (gx,) = torch.autograd.grad(y, x, dy)
         assert_close(gx, ref_softmax_backward(dy.cpu(), y.detach().cpu(), dim), dtype,
                      factor=2, what=f"dx dim {dim}")
-    xt = randn(1000, 6, dtype=dtype, device="cuda").t()
-    assert_close(fk.softmax(xt), ref_softmax(xt.cpu()), dtype, factor=1.5)
+    xt = randn(1000, 6, dtype=dtype, device="cuda").t().requires_grad_()
+    y = fk.softmax(xt)
+    assert_close(y, ref_softmax(xt.cpu()), dtype, factor=1.5)
+    dy = randn(1, 1000, dtype=dtype, device="cuda").expand(6, 1000)  # row stride 0
+    (gx,) = torch.autograd.grad(y, xt, dy)
+    assert_close(gx, ref_softmax_backward(dy.cpu(), y.detach().cpu()), dtype, factor=2)
     for n in (4096, 20000):  # aligned width, misaligned pointer: the unaligned kernels
         xm = misaligned(randn(3, n, dtype=dtype, device="cuda"))
         assert_close(fk.softmax(xm), ref_softmax(xm.cpu()), dtype, factor=1.5)
