@@ -101,80 +101,91 @@ def looped_configs(sms, m):
                 yield block, warps, per_sm, programs
 
 
-def part_fwd(m, n, dtype, sms):
+def single_pass(kind, tensors, m, n, block, warps):
+    """(name, launch) of the single-pass kernel and its candidates."""
+    if kind == "fwd":
+        x, y = tensors
+        yield f"single (group shift) warps={warps}", lambda: K.softmax_fwd_kernel[(m,)](
+            x, y, n, n, m, n, BLOCK_N=block, ROWS=1, num_warps=warps)
+        for stream in (False, True):
+            yield (f"candidate row-max shift warps={warps} stream={stream}",
+                   lambda: fwd_row_max_kernel[(m,)](x, y, n, n, BLOCK_N=block, STREAM=stream,
+                                                    num_warps=warps))
+    else:
+        dy, y, dx = tensors
+        yield f"single warps={warps}", lambda: K.softmax_bwd_kernel[(m,)](
+            dy, y, dx, n, n, n, m, n, BLOCK_N=block, ROWS=1, num_warps=warps)
+        yield f"candidate reload dy warps={warps}", lambda: bwd_reload_kernel[(m,)](
+            dy, y, dx, n, n, BLOCK_N=block, num_warps=warps)
+
+
+def part_rows(kind, m, n, dtype, sms):
+    """The forward ("fwd") or backward ("bwd") at m x n: single pass, candidates, looped."""
     x = torch.randn(m, n, device="cuda", dtype=dtype)
-    y = torch.empty_like(x)
-    r = Report(2 * x.numel() * x.element_size())
-    print(f"\nforward {m} x {n}")
+    if kind == "fwd":
+        tensors, looped = (x, torch.empty_like(x)), K.softmax_fwd_looped_kernel
+    else:
+        y = torch.softmax(x.float(), -1).to(dtype)
+        tensors, looped = (torch.randn_like(y), y, torch.empty_like(y)), K.softmax_bwd_looped_kernel
+    r = Report(len(tensors) * x.numel() * x.element_size())
+    print(f"\n{kind} {m} x {n}")
     block = triton.next_power_of_2(n)
     if block <= 32768:
         for warps in (16, 32):
-            r.add(f"single (group shift) warps={warps}", lambda: K.softmax_fwd_kernel[(m,)](
-                x, y, n, n, m, n, BLOCK_N=block, ROWS=1, num_warps=warps))
-            for stream in (False, True):
-                r.add(f"candidate row-max shift warps={warps} stream={stream}",
-                      lambda: fwd_row_max_kernel[(m,)](x, y, n, n, BLOCK_N=block, STREAM=stream,
-                                                       num_warps=warps))
+            for name, fn in single_pass(kind, tensors, m, n, block, warps):
+                r.add(name, fn)
+    strides = (n,) * len(tensors)
     for block, warps, per_sm, programs in looped_configs(sms, m):
         r.add(f"looped chunk={block} warps={warps} per_sm={per_sm or 'all rows'}",
-              lambda: K.softmax_fwd_looped_kernel[(programs,)](
-                  x, y, n, n, m, n, BLOCK_N=block, PER_SM=per_sm, num_warps=warps))
-    r.best("forward")
+              lambda: looped[(programs,)](*tensors, *strides, m, n, BLOCK_N=block,
+                                          PER_SM=per_sm, num_warps=warps))
+    r.best(kind)
 
 
-def part_bwd(m, n, dtype, sms):
-    y = torch.softmax(torch.randn(m, n, device="cuda", dtype=torch.float32), -1).to(dtype)
-    dy = torch.randn_like(y)
-    dx = torch.empty_like(y)
-    r = Report(3 * y.numel() * y.element_size())
-    print(f"\nbackward {m} x {n}")
-    block = triton.next_power_of_2(n)
-    if block <= 32768:
-        for warps in (16, 32):
-            r.add(f"single warps={warps}", lambda: K.softmax_bwd_kernel[(m,)](
-                dy, y, dx, n, n, n, m, n, BLOCK_N=block, ROWS=1, num_warps=warps))
-            r.add(f"candidate reload dy warps={warps}", lambda: bwd_reload_kernel[(m,)](
-                dy, y, dx, n, n, BLOCK_N=block, num_warps=warps))
-    for block, warps, per_sm, programs in looped_configs(sms, m):
-        r.add(f"looped chunk={block} warps={warps} per_sm={per_sm or 'all rows'}",
-              lambda: K.softmax_bwd_looped_kernel[(programs,)](
-                  dy, y, dx, n, n, n, m, n, BLOCK_N=block, PER_SM=per_sm, num_warps=warps))
-    r.best("backward")
+def tune_bucket(kind, block, total, dtype):
+    """Rows per program x warps for one single-pass bucket; returns the fastest."""
+    m = total // block
+    x = torch.randn(m, block, device="cuda", dtype=dtype)
+    y, dy, dx = torch.empty_like(x), torch.randn_like(x), torch.empty_like(x)
+    r = Report((2 if kind == "fwd" else 3) * x.numel() * x.element_size())
+    print(f" {kind} {m} x {block}")
+    for rows in (1, 2, 4, 8, 16, 32):
+        for warps in (2, 4, 8, 16, 32):
+            per_thread = rows * block // (32 * warps)
+            if rows * block > 32768 or not 4 <= per_thread <= 64:
+                continue
+            grid = (triton.cdiv(m, rows),)
+            if kind == "fwd":
+                fn = lambda: K.softmax_fwd_kernel[grid](  # noqa: E731
+                    x, y, block, block, m, block, BLOCK_N=block, ROWS=rows, num_warps=warps)
+            else:
+                fn = lambda: K.softmax_bwd_kernel[grid](  # noqa: E731
+                    dy, y, dx, block, block, block, m, block, BLOCK_N=block, ROWS=rows,
+                    num_warps=warps)
+            r.add(f"{kind} block={block} rows={rows} warps={warps}", fn)
+    r.best(f"{kind} {block}", k=2)
+    name = min(r.rows)[1]
+    rows, warps = (int(p.split("=")[1]) for p in name.split()[2:4])
+    return block, rows, warps
 
 
 def part_buckets(total, dtype):
     print(f"\nsingle-pass buckets, {total} elements each (AOT: rows per program, warps)")
-    picks = {"fwd": [], "bwd": []}
-    for block, _, _ in K._BUCKETS["fwd"]:
-        m = total // block
-        x = torch.randn(m, block, device="cuda", dtype=dtype)
-        y, dy, dx = torch.empty_like(x), torch.randn_like(x), torch.empty_like(x)
-        for kind in ("fwd", "bwd"):
-            r = Report((2 if kind == "fwd" else 3) * x.numel() * x.element_size())
-            print(f" {kind} {m} x {block}")
-            for rows in (1, 2, 4, 8, 16, 32):
-                for warps in (2, 4, 8, 16, 32):
-                    per_thread = rows * block // (32 * warps)
-                    if rows * block > 32768 or not 4 <= per_thread <= 64:
-                        continue
-                    grid = (triton.cdiv(m, rows),)
-                    if kind == "fwd":
-                        fn = lambda: K.softmax_fwd_kernel[grid](  # noqa: E731
-                            x, y, block, block, m, block, BLOCK_N=block, ROWS=rows,
-                            num_warps=warps)
-                    else:
-                        fn = lambda: K.softmax_bwd_kernel[grid](  # noqa: E731
-                            dy, y, dx, block, block, block, m, block, BLOCK_N=block, ROWS=rows,
-                            num_warps=warps)
-                    r.add(f"{kind} block={block} rows={rows} warps={warps}", fn)
-            r.best(f"{kind} {block}", k=2)
-            ms, name = min(r.rows)
-            rows, warps = (int(p.split("=")[1]) for p in name.split()[2:4])
-            picks[kind].append((block, rows, warps))
-        del x, y, dy, dx
+    picks = {kind: [tune_bucket(kind, block, total, dtype) for block, _, _ in K._BUCKETS[kind]]
+             for kind in ("fwd", "bwd")}
     print("\nfastest per bucket, as triton_src/softmax.py data:")
     for kind, picked in picks.items():
         print(f'    "{kind}": {tuple(picked)},')
+
+
+def baselines(m, n, dtype):
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    nbytes = 2 * x.numel() * x.element_size()
+    ms = bench(lambda: torch.empty_like(x).copy_(x))
+    print(f"torch copy of x ({nbytes / 1e6:.0f} MB moved): {ms * 1e3:7.1f} us "
+          f"{nbytes / ms / 1e6:6.0f} GB/s")
+    ms = bench(lambda: torch.softmax(x, -1))
+    print(f"torch.softmax: {ms * 1e3:7.1f} us {nbytes / ms / 1e6:6.0f} GB/s")
 
 
 def main():
@@ -187,20 +198,12 @@ def main():
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     m, n = args.rows, args.width
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    esz = torch.empty((), dtype=dtype).element_size()
     print(f"softmax {m} x {n} {args.dtype}, {sms} SMs, {torch.cuda.get_device_name()}")
-    x = torch.randn(m, n, device="cuda", dtype=dtype)
-    ms = bench(lambda: torch.empty_like(x).copy_(x))
-    print(f"torch copy of x ({2 * m * n * esz / 1e6:.0f} MB moved): {ms * 1e3:7.1f} us "
-          f"{2 * m * n * esz / ms / 1e6:6.0f} GB/s")
-    ms = bench(lambda: torch.softmax(x, -1))
-    print(f"torch.softmax: {ms * 1e3:7.1f} us {2 * m * n * esz / ms / 1e6:6.0f} GB/s")
-    del x
+    baselines(m, n, dtype)
     parts = args.part.split(",")
-    if "fwd" in parts:
-        part_fwd(m, n, dtype, sms)
-    if "bwd" in parts:
-        part_bwd(m, n, dtype, sms)
+    for kind in ("fwd", "bwd"):
+        if kind in parts:
+            part_rows(kind, m, n, dtype, sms)
     if "buckets" in parts:
         part_buckets(m * n, dtype)
 
