@@ -136,9 +136,10 @@ def part_rows(kind, m, n, dtype, sms):
                 r.add(name, fn)
     strides = (n,) * len(tensors)
     for block, warps, per_sm, programs in looped_configs(sms, m):
+        # PER_SM only sizes the grid (on the host): one compile serves every value.
         r.add(f"looped chunk={block} warps={warps} per_sm={per_sm or 'all rows'}",
-              lambda: looped[(programs,)](*tensors, *strides, m, n, BLOCK_N=block,
-                                          PER_SM=per_sm, num_warps=warps))
+              lambda: looped[(programs,)](*tensors, *strides, m, n, BLOCK_N=block, PER_SM=1,
+                                          num_warps=warps))
     r.best(kind)
 
 

@@ -361,6 +361,12 @@ def test_cuda_bad_input_same_message_as_cpu():
         fk.softmax(torch.ones(2, 4, dtype=torch.float64, device="cuda"))
     with pytest.raises(RuntimeError, match="must be on the same device"):
         torch.ops.fk._softmax_backward(torch.ones(2, 3, device="cuda"), torch.ones(2, 3), -1)
+    # One row past the kernels' 32-bit column offsets: a clear error, not a wrong result.
+    row = torch.empty((1 << 31) - (1 << 16) + 1, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="is not supported on CUDA"):
+        fk.softmax(row)
+    del row
+    torch.cuda.empty_cache()
 
 
 @pytest.mark.cuda

@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -61,6 +62,11 @@ struct Families {
 // The variant for (m, n) rows and the number of programs to launch.
 std::pair<const KernelSpec*, int64_t> choose(const char* op, const Families& fams,
                                              const Rows& rows, uint32_t flags) {
+  // Column offsets are 32-bit in the kernels, including a prefetch up to two chunks past
+  // the row's end.
+  constexpr int64_t kMaxRow = INT32_MAX - (1 << 16);
+  TORCH_CHECK(rows.n <= kMaxRow, op, ": a softmax over more than ", kMaxRow,
+              " elements is not supported on CUDA, got ", rows.n);
   const auto& single = flags & runtime::kFlagAligned ? fams.aligned : fams.unaligned;
   if (rows.n <= single.max_block(rows.t)) {
     const auto& k = single.pick(op, rows.t, rows.n, flags);
