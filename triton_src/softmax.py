@@ -116,6 +116,13 @@ def softmax_bwd_kernel(dy_ptr, y_ptr, dx_ptr, dy_stride, y_stride, dx_stride, M,
 
 
 @triton.jit
+def _next_pair(y_row, dy_row, y_next, dy_next, next_cols, N):
+    """The prefetched chunks of y and dy in fp32, and the loads of the next ones."""
+    return (y_next.to(tl.float32), dy_next.to(tl.float32), _chunk(y_row, next_cols, N, 0.0),
+            _chunk(dy_row, next_cols, N, 0.0))
+
+
+@triton.jit
 def softmax_bwd_looped_kernel(dy_ptr, y_ptr, dx_ptr, dy_stride, y_stride, dx_stride, M, N,
                               BLOCK_N: tl.constexpr, PER_SM: tl.constexpr):
     cols0 = tl.arange(0, BLOCK_N)
@@ -124,20 +131,16 @@ def softmax_bwd_looped_kernel(dy_ptr, y_ptr, dx_ptr, dy_stride, y_stride, dx_str
         dy_row = dy_ptr + row * dy_stride
         dx_row = dx_ptr + row * dx_stride
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        y_next = _chunk(y_row, cols0, N, 0.0)
-        dy_next = _chunk(dy_row, cols0, N, 0.0)
+        y_next, dy_next = _chunk(y_row, cols0, N, 0.0), _chunk(dy_row, cols0, N, 0.0)
         for start in range(0, N, BLOCK_N):
-            y, dy = y_next.to(tl.float32), dy_next.to(tl.float32)
-            y_next = _chunk(y_row, start + BLOCK_N + cols0, N, 0.0)
-            dy_next = _chunk(dy_row, start + BLOCK_N + cols0, N, 0.0)
+            y, dy, y_next, dy_next = _next_pair(y_row, dy_row, y_next, dy_next,
+                                                start + BLOCK_N + cols0, N)
             acc += y * dy
         dot = tl.sum(acc, axis=0)
-        y_next = _chunk(y_row, cols0, N, 0.0)
-        dy_next = _chunk(dy_row, cols0, N, 0.0)
+        y_next, dy_next = _chunk(y_row, cols0, N, 0.0), _chunk(dy_row, cols0, N, 0.0)
         for start in range(0, N, BLOCK_N):
-            y, dy = y_next.to(tl.float32), dy_next.to(tl.float32)
-            y_next = _chunk(y_row, start + BLOCK_N + cols0, N, 0.0)
-            dy_next = _chunk(dy_row, start + BLOCK_N + cols0, N, 0.0)
+            y, dy, y_next, dy_next = _next_pair(y_row, dy_row, y_next, dy_next,
+                                                start + BLOCK_N + cols0, N)
             cols = start + cols0
             tl.store(dx_row + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty),
                      mask=cols < N)
