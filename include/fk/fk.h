@@ -26,4 +26,8 @@ at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight
 // The version of the torch this libfk was built against, e.g. "2.11.0+cu130".
 const char* built_torch_version();
 
+// Softmax over dim, computed in fp32 and rounded to x's dtype (like torch.softmax; a row of
+// only -inf gives NaN). Any dim; the last one is the fast path (others cost a copy in and out).
+at::Tensor softmax(const at::Tensor& x, int64_t dim = -1);
+
 }  // namespace fk
