@@ -26,4 +26,9 @@ at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight
 // The version of the torch this libfk was built against, e.g. "2.11.0+cu130".
 const char* built_torch_version();
 
+// gelu(a) * b, elementwise, like swiglu. approximate: "tanh" (Gemma's gelu_pytorch_tanh) or
+// "none" (exact, erf), as in torch.nn.functional.gelu. backward_in_place: as swiglu's.
+at::Tensor geglu(const at::Tensor& a, const at::Tensor& b, const std::string& approximate = "tanh",
+                 bool backward_in_place = false);
+
 }  // namespace fk
