@@ -426,9 +426,10 @@ def test_cuda_matches_reference(dtype, shape, approximate):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", MODES)
 def test_cuda_agrees_with_torch_gelu(dtype, approximate):
-    """Against torch's own CUDA gelu in fp32, rounded once: equal but for the last bit of
-    elements that sit on a rounding boundary (counted where a > -3: below, torch's
-    1 + tanh(z) cancels and loses the digits that the kernels' sigmoid form keeps)."""
+    """Against torch's own CUDA gelu in fp32, rounded once: at most one unit in the last
+    place apart (where the fp32 values straddle a rounding boundary). Compared where
+    a > -3: below, torch's 1 + tanh(z) cancels and loses the digits that the kernels'
+    sigmoid form keeps."""
     a = randn(1000, 1111, dtype=dtype, device="cuda", scale=3)
     b = randn(1000, 1111, dtype=dtype, device="cuda")
     out = fk.geglu(a, b, approximate)
@@ -436,7 +437,9 @@ def test_cuda_agrees_with_torch_gelu(dtype, approximate):
     assert_close(out, ref, dtype)
     if dtype != torch.float32:
         keep = a > -3
-        assert (out[keep] != ref[keep]).float().mean().item() < 2e-3
+        info = torch.finfo(dtype)
+        ulp = ref[keep].float().abs() * info.eps + info.smallest_normal * info.eps
+        assert ((out[keep].float() - ref[keep].float()).abs() <= ulp).all()
 
 
 @pytest.mark.cuda
