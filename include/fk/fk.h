@@ -29,5 +29,9 @@ const char* built_torch_version();
 // Softmax over dim, computed in fp32 and rounded to x's dtype (like torch.softmax; a row of
 // only -inf gives NaN). Any dim; the last one is the fast path (others cost a copy in and out).
 at::Tensor softmax(const at::Tensor& x, int64_t dim = -1);
+// gelu(a) * b, elementwise, like swiglu. approximate: "tanh" (Gemma's gelu_pytorch_tanh) or
+// "none" (exact, erf), as in torch.nn.functional.gelu. backward_in_place: as swiglu's.
+at::Tensor geglu(const at::Tensor& a, const at::Tensor& b, const std::string& approximate = "tanh",
+                 bool backward_in_place = false);
 
 }  // namespace fk

@@ -2,5 +2,6 @@
 from .rms_norm import RMSNorm
 from .softmax import Softmax
 from .swiglu import SwiGLUMLP
+from .geglu import GEGLUMLP
 
-__all__ = ["RMSNorm", "SwiGLUMLP", "Softmax"]
+__all__ = ["RMSNorm", "SwiGLUMLP", "Softmax", "GEGLUMLP"]
