@@ -26,4 +26,9 @@ at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight
 // The version of the torch this libfk was built against, e.g. "2.11.0+cu130".
 const char* built_torch_version();
 
+// LayerNorm over the last dimension: (x - mean) / sqrt(var + eps) * weight + bias, with
+// mean and biased variance in fp32; weight and bias (shape (x.size(-1),)) each optional.
+at::Tensor layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight = std::nullopt,
+                      const std::optional<at::Tensor>& bias = std::nullopt, double eps = 1e-5);
+
 }  // namespace fk
