@@ -26,9 +26,11 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     auto saved = ctx->get_saved_variables();
     std::optional<at::Tensor> weight;
     if (saved[1].defined()) weight = saved[1];
+    // needs_input_grad counts tensor inputs only: without a weight, the bias is input 1.
+    const bool has_w = weight.has_value();
     const std::array<bool, 3> mask = {
-        ctx->needs_input_grad(0), weight.has_value() && ctx->needs_input_grad(1),
-        ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)};
+        ctx->needs_input_grad(0), has_w && ctx->needs_input_grad(1),
+        ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(has_w ? 2 : 1)};
     auto [dx, dw, db] = layer_norm_backward_call(grads[0], saved[0], weight, saved[2], saved[3],
                                                  mask);
     return {dx, dw, db, at::Tensor()};
