@@ -17,8 +17,10 @@ Kernels:
                                al.), one pass writing y.
   layer_norm_bwd_kernel        persistent: each program walks a contiguous range of rows with
                                the next rows' loads in flight (``tl.range`` software
-                               pipelining, STAGES deep), keeps fp32 partial dw and db in
-                               registers and writes them once.
+                               pipelining, STAGES deep: asynchronous copies into shared
+                               memory where rows are 16-byte aligned), reduces both row sums
+                               in one pass, keeps fp32 partial dw and db in registers and
+                               writes them once.
   layer_norm_bwd_looped_kernel the same for any N; the partial dw / db live in the program's
                                own rows of the fp32 partial buffers.
   layer_norm_dwdb_kernel       sums the partial rows: program axis 1 picks dw (0) or db (1).
@@ -30,11 +32,16 @@ from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
 
 
 @triton.jit
+def _weight(w_ptr, cols, mask, has_w):
+    """Weight in fp32, one where absent."""
+    return tl.load(w_ptr + cols, mask=mask & (has_w != 0), other=1.0).to(tl.float32)
+
+
+@triton.jit
 def _affine(w_ptr, b_ptr, cols, mask, has_w, has_b):
     """Weight (one where absent) and bias (zero where absent) in fp32."""
-    w = tl.load(w_ptr + cols, mask=mask & (has_w != 0), other=1.0).to(tl.float32)
     b = tl.load(b_ptr + cols, mask=mask & (has_b != 0), other=0.0).to(tl.float32)
-    return w, b
+    return _weight(w_ptr, cols, mask, has_w), b
 
 
 @triton.jit
@@ -94,6 +101,11 @@ def layer_norm_fwd_looped_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
 
 
 @triton.jit
+def _add_pair(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
 def _bwd_row(dy_ptr, x_ptr, mean_ptr, rstd_ptr, row, dy_stride, x_stride, cols, mask, w):
     """One row's fp32 dy, xh = (x - mean) * rstd (zero past N), g = dy * w, and rstd."""
     x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
@@ -102,6 +114,18 @@ def _bwd_row(dy_ptr, x_ptr, mean_ptr, rstd_ptr, row, dy_stride, x_stride, cols, 
     rstd = tl.load(rstd_ptr + row)
     xh = tl.where(mask, (x - mean) * rstd, 0.0)
     return dy, xh, dy * w, rstd
+
+
+@triton.jit
+def _bwd_chunk(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, row, dy_stride, x_stride, start, N,
+               has_w, BLOCK_N: tl.constexpr):
+    """Columns, mask and _bwd_row's values for one BLOCK_N chunk of a row (looped backward)."""
+    cols = start + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    w = _weight(w_ptr, cols, mask, has_w)
+    dy, xh, g, rstd = _bwd_row(dy_ptr, x_ptr, mean_ptr, rstd_ptr, row, dy_stride, x_stride,
+                               cols, mask, w)
+    return cols, mask, dy, xh, g, rstd
 
 
 @triton.jit
@@ -115,15 +139,15 @@ def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_p
     row_end = tl.minimum(row_start + rows_per_program, M)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
-    w = tl.load(w_ptr + cols, mask=mask & (has_w != 0), other=1.0).to(tl.float32)
+    w = _weight(w_ptr, cols, mask, has_w)
     dw = tl.zeros((BLOCK_N,), dtype=tl.float32)
     db = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for row in tl.range(row_start, row_end, num_stages=STAGES):
         dy, xh, g, rstd = _bwd_row(dy_ptr, x_ptr, mean_ptr, rstd_ptr, row, dy_stride, x_stride,
                                    cols, mask, w)
-        c1 = tl.sum(g, axis=0) / N
-        c2 = tl.sum(g * xh, axis=0) / N
-        dx = rstd * (g - c1 - xh * c2)
+        # One reduction for both sums: a single exchange between warps per row.
+        s1, s2 = tl.reduce((g, g * xh), 0, _add_pair)
+        dx = rstd * (g - s1 / N - xh * (s2 / N))
         tl.store(dx_ptr + row * dx_stride + cols, dx.to(dtype), mask=mask & (need_dx != 0))
         dw += dy * xh
         db += dy
@@ -152,21 +176,17 @@ def layer_norm_bwd_looped_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_pt
         acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
         acc2 = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
-            cols = start + tl.arange(0, BLOCK_N)
-            mask = cols < N
-            w = tl.load(w_ptr + cols, mask=mask & (has_w != 0), other=1.0).to(tl.float32)
-            dy, xh, g, rstd = _bwd_row(dy_ptr, x_ptr, mean_ptr, rstd_ptr, row, dy_stride,
-                                       x_stride, cols, mask, w)
+            cols, mask, dy, xh, g, rstd = _bwd_chunk(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr,
+                                                     row, dy_stride, x_stride, start, N, has_w,
+                                                     BLOCK_N)
             acc1 += g
             acc2 += g * xh
         c1 = tl.sum(acc1, axis=0) / N
         c2 = tl.sum(acc2, axis=0) / N
         for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
-            cols = start + tl.arange(0, BLOCK_N)
-            mask = cols < N
-            w = tl.load(w_ptr + cols, mask=mask & (has_w != 0), other=1.0).to(tl.float32)
-            dy, xh, g, rstd = _bwd_row(dy_ptr, x_ptr, mean_ptr, rstd_ptr, row, dy_stride,
-                                       x_stride, cols, mask, w)
+            cols, mask, dy, xh, g, rstd = _bwd_chunk(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr,
+                                                     row, dy_stride, x_stride, start, N, has_w,
+                                                     BLOCK_N)
             dx = rstd * (g - c1 - xh * c2)
             tl.store(dx_ptr + row * dx_stride + cols, dx.to(dtype), mask=mask & (need_dx != 0))
             wmask = mask & (need_dw != 0)
@@ -206,10 +226,10 @@ _FWD_BUCKETS = ((256, 8, 4), (1024, 2, 4), (2048, 1, 8), (4096, 1, 8), (8192, 1,
 LOOP_BLOCK = 4096
 # Backward: (BLOCK_N, warps, pipeline stages, programs per multiprocessor). PER_SM is read by
 # the C++ side to size the persistent grid (the kernels ignore it): as many programs as fit
-# on a multiprocessor at once, by registers and shared memory on sm_90 (compiled offline:
-# the 4096 bf16 variant takes 119 registers and 32 KiB for two rows in flight). Past 8192
-# columns the dw / db / w vectors no longer fit in registers (16384 spills), so longer rows
-# take the looped backward in LOOP_BWD chunks.
+# on a multiprocessor at once, by registers and shared memory on sm_90 (compiled offline: the
+# aligned 4096 bf16 variant takes 123 registers and 32 KiB for two rows in flight). Past
+# 8192 columns the dw / db / w vectors no longer fit in registers (16384 spills), so longer
+# rows take the looped backward in LOOP_BWD chunks.
 _BWD_BUCKETS = ((256, 4, 4, 8), (1024, 4, 4, 4), (2048, 8, 3, 4), (4096, 8, 3, 2),
                 (8192, 16, 2, 1))
 LOOP_BWD = (2048, 8, 2, 2)
