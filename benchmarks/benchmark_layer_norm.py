@@ -5,6 +5,12 @@
 
 Shapes: (tokens, hidden_size) of the model, weight and bias, eps 1e-5 (torch's default).
 "torch" is torch.nn.functional.layer_norm in eager mode (ATen's fused CUDA kernels).
+
+Minimum traffic (bytes_moved), M tokens, N hidden, e bytes per element:
+  forward  read x, w, b; write y, mean, rstd (fp32):       2*M*N*e + 2*N*e + 8*M
+  backward read dy, x, w, mean, rstd; write dx, dw, db:  + 3*M*N*e + 3*N*e + 8*M
+At 8192 x 4096 bf16: forward 134,299,648 B (32.0 us at 4.2 TB/s), forward + backward
+335,716,352 B (79.9 us).
 """
 import torch
 
