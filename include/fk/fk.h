@@ -33,5 +33,9 @@ at::Tensor softmax(const at::Tensor& x, int64_t dim = -1);
 // "none" (exact, erf), as in torch.nn.functional.gelu. backward_in_place: as swiglu's.
 at::Tensor geglu(const at::Tensor& a, const at::Tensor& b, const std::string& approximate = "tanh",
                  bool backward_in_place = false);
+// LayerNorm over the last dimension: (x - mean) / sqrt(var + eps) * weight + bias, with
+// mean and biased variance in fp32; weight and bias (shape (x.size(-1),)) each optional.
+at::Tensor layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight = std::nullopt,
+                      const std::optional<at::Tensor>& bias = std::nullopt, double eps = 1e-5);
 
 }  // namespace fk

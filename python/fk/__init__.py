@@ -15,6 +15,7 @@ from ._library import build_info, load_library
 load_library()
 
 from . import nn  # noqa: E402
+from .ops.layer_norm import layer_norm  # noqa: E402
 from .ops.rms_norm import rms_norm  # noqa: E402
 from .ops.softmax import softmax  # noqa: E402
 from .ops.swiglu import swiglu  # noqa: E402
@@ -25,4 +26,4 @@ __version__ = "0.1.0"
 #: Pass to CMake (CMAKE_PREFIX_PATH) so that ``find_package(fk)`` finds this installation.
 cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
-__all__ = ["swiglu", "rms_norm", "softmax", "nn", "build_info", "cmake_prefix_path", "geglu"]
+__all__ = ["swiglu", "rms_norm", "softmax", "nn", "build_info", "cmake_prefix_path", "geglu", "layer_norm"]

@@ -1,7 +1,8 @@
 """Modules built on fk ops, drop-in for their torch / Hugging Face counterparts."""
+from .layer_norm import LayerNorm
 from .rms_norm import RMSNorm
 from .softmax import Softmax
 from .swiglu import SwiGLUMLP
 from .geglu import GEGLUMLP
 
-__all__ = ["RMSNorm", "SwiGLUMLP", "Softmax", "GEGLUMLP"]
+__all__ = ["RMSNorm", "SwiGLUMLP", "Softmax", "GEGLUMLP", "LayerNorm"]
