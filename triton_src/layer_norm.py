@@ -221,7 +221,7 @@ def layer_norm_dwdb_kernel(partial_ptr, dw_ptr, db_ptr, P, N, BLOCK_P: tl.conste
 
 # Single-pass forward buckets: (BLOCK_N, rows per program, warps). Rows past the largest go
 # to the looped forward, which takes any N in chunks of LOOP_BLOCK.
-_FWD_BUCKETS = ((256, 8, 4), (1024, 2, 4), (2048, 1, 8), (4096, 1, 8), (8192, 1, 16),
+_FWD_BUCKETS = ((256, 8, 4), (1024, 2, 4), (2048, 1, 8), (4096, 2, 4), (8192, 1, 16),
                 (16384, 1, 16))
 LOOP_BLOCK = 4096
 # Backward: (BLOCK_N, warps, pipeline stages, programs per multiprocessor). PER_SM is read by
@@ -240,7 +240,7 @@ _BWD_ARGS = ("dy_ptr", "x_ptr", "w_ptr", "mean_ptr", "rstd_ptr", "dx_ptr", "dw_p
              "dy_stride", "x_stride", "dx_stride", "M", "N", "rows_per_program", "has_w",
              "need_dx", "need_dw", "need_db")
 _DWDB_ARGS = ("partial_ptr", "dw_ptr", "db_ptr", "P", "N")
-_DWDB_BLOCK = (32, 64)  # (rows, columns) per step of the dw / db reduction
+_DWDB_BLOCK = (32, 32)  # (rows, columns) per step of the dw / db reduction (sm_90 sweep)
 _TYPES = {"mean_ptr": "*fp32", "rstd_ptr": "*fp32", "partial_ptr": "*fp32", "P": "i32",
           "eps": "fp32", "x_stride": "i64", "y_stride": "i64", "dy_stride": "i64",
           "dx_stride": "i64", "M": "i64", "N": "i32", "rows_per_program": "i64", "has_w": "i32",

@@ -160,11 +160,11 @@ def softmax_bwd_looped_kernel(dy_ptr, y_ptr, dx_ptr, dy_stride, y_stride, dx_str
 # Without the alignment hints the loads are not vectorized and every element keeps its own
 # address: past 16384 that spills 100+ B, so unaligned rows stop there. Longer rows take
 # the looped kernels.
-_BUCKETS = {
-    "fwd": ((256, 8, 4), (1024, 2, 4), (2048, 1, 8), (4096, 1, 8), (8192, 1, 16),
+_BUCKETS = {  # sm_90 sweep (benchmarks/tune_softmax.py on the H200), fastest per bucket
+    "fwd": ((256, 4, 2), (1024, 2, 4), (2048, 1, 4), (4096, 2, 16), (8192, 1, 16),
             (16384, 1, 16), (32768, 1, 32)),
-    "bwd": ((256, 8, 4), (1024, 2, 4), (2048, 1, 8), (4096, 1, 8), (8192, 1, 16),
-            (16384, 1, 16), (32768, 1, 32)),
+    "bwd": ((256, 32, 32), (1024, 8, 8), (2048, 1, 8), (4096, 2, 16), (8192, 1, 16),
+            (16384, 1, 16), (32768, 1, 16)),
 }
 
 
