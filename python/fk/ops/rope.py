@@ -28,7 +28,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             ``W == rotary_dim / 2`` they hold one value per rotating pair (GPT-OSS style).
         rotary_dim: how many leading dims of each head rotate; even, at most D. Default:
             ``cos.shape[-1]``. Pass it when cos / sin hold one value per pair.
-        interleaved: rotate pairs ``(x[2i], x[2i+1])`` (GPT-J / GPT-NeoX-style
+        interleaved: rotate pairs ``(x[2i], x[2i+1])`` (GPT-J / CodeGen
             ``rotate_every_two``) instead of ``(x[i], x[i + R/2])``.
 
     Returns:
