@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 
 namespace fk {
 
@@ -37,5 +38,16 @@ at::Tensor geglu(const at::Tensor& a, const at::Tensor& b, const std::string& ap
 // mean and biased variance in fp32; weight and bias (shape (x.size(-1),)) each optional.
 at::Tensor layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight = std::nullopt,
                       const std::optional<at::Tensor>& bias = std::nullopt, double eps = 1e-5);
+// Rotary position embedding of q (B, Hq, S, D) and k (B, Hkv, S, D), Hugging Face
+// convention: x * cos + rotate_half(x) * sin on the first rotary_dim dims (default: cos's
+// last dim), in fp32. cos / sin: (S, W), (1 or B, S, W) or (1 or B, 1, S, W), float32 or
+// q's dtype, W = rotary_dim or rotary_dim / 2. interleaved: pairs (2i, 2i + 1) (GPT-J).
+// Returns new (q_out, k_out) laid out like q and k; rope_ writes into q and k instead.
+std::tuple<at::Tensor, at::Tensor> rope(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& cos, const at::Tensor& sin,
+                                        std::optional<int64_t> rotary_dim = std::nullopt,
+                                        bool interleaved = false);
+void rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+           std::optional<int64_t> rotary_dim = std::nullopt, bool interleaved = false);
 
 }  // namespace fk
