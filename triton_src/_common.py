@@ -59,3 +59,36 @@ def aligned_args(signature: dict, flags: int, extra: tuple = ()) -> tuple:
 @triton.jit
 def sigmoid_f32(x):
     return 1.0 / (1.0 + tl.exp(-x))
+
+
+# --- RMSNorm pieces, shared by rms_norm and fused_add_rms_norm -----------------------------
+# ``casting`` is the run-time casting mode of triton_src/rms_norm.py: 0 none, 1 llama,
+# 2 gemma.
+
+@triton.jit
+def round_to(x, dtype):
+    """x rounded to ``dtype`` and returned in fp32."""
+    return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def rms_weight(w_ptr, cols, mask, offset, has_w, casting, dtype):
+    """(offset + w) in fp32, rounded to ``dtype`` except in gemma mode; reads as ``offset``
+    without a weight (``has_w == 0``: the load is masked off)."""
+    w = tl.load(w_ptr + cols, mask=mask & (has_w != 0), other=0.0).to(tl.float32)
+    wp = offset + w
+    if casting != 2:
+        wp = round_to(wp, dtype)
+    return wp
+
+
+@triton.jit
+def rms_normalize(x, rstd, casting, dtype):
+    """x * rstd, with rstd rounded to ``dtype`` in none mode and the product rounded to
+    ``dtype`` except in gemma mode; in fp32."""
+    if casting == 0:
+        rstd = round_to(rstd, dtype)
+    xh = x * rstd
+    if casting != 2:
+        xh = round_to(xh, dtype)
+    return xh

@@ -23,34 +23,12 @@ import triton
 import triton.language as tl
 
 from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+from _common import rms_normalize as _normalize
+from _common import rms_weight as _weight
 
 CASTING_NONE = 0
 CASTING_LLAMA = 1
 CASTING_GEMMA = 2
-
-
-@triton.jit
-def _round_to(x, dtype):
-    return x.to(dtype).to(tl.float32)
-
-
-@triton.jit
-def _weight(w_ptr, cols, mask, offset, has_w, casting, dtype):
-    w = tl.load(w_ptr + cols, mask=mask & (has_w != 0), other=0.0).to(tl.float32)
-    wp = offset + w
-    if casting != 2:
-        wp = _round_to(wp, dtype)
-    return wp
-
-
-@triton.jit
-def _normalize(x, rstd, casting, dtype):
-    if casting == 0:
-        rstd = _round_to(rstd, dtype)
-    xh = x * rstd
-    if casting != 2:
-        xh = _round_to(xh, dtype)
-    return xh
 
 
 @triton.jit
