@@ -29,7 +29,8 @@ The partial dw rows are summed by rms_norm's ``rms_norm_dw`` kernel family.
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args, rms_normalize, rms_weight
+from _common import (DTYPES, FLAG_ALIGNED, Variant, aligned_args, rms_norm_bwd_looped_rows,
+                     rms_normalize, rms_weight)
 
 
 @triton.jit
@@ -138,49 +139,12 @@ def fused_add_rms_norm_bwd_kernel(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr
 
 
 @triton.jit
-def _bwd_chunk(dy_ptr, s_ptr, w_ptr, base, start, N, offset, has_w, casting, dtype,
-               BLOCK_N: tl.constexpr):
-    """One BLOCK_N chunk of a row for the looped backward: columns, mask, dy, s, offset + w
-    (fp32)."""
-    cols = start + tl.arange(0, BLOCK_N)
-    mask = cols < N
-    dy = tl.load(dy_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
-    s = tl.load(s_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
-    return cols, mask, dy, s, rms_weight(w_ptr, cols, mask, offset, has_w, casting, dtype)
-
-
-@triton.jit
 def fused_add_rms_norm_bwd_looped_kernel(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr,
                                          M, N, offset, rows_per_program, has_w, has_ds,
                                          want_dx, want_dw, casting, BLOCK_N: tl.constexpr):
-    dtype = s_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    row_start = pid.to(tl.int64) * rows_per_program
-    row_end = tl.minimum(row_start + rows_per_program, M)
-    dw_row = dw_ptr + pid.to(tl.int64) * N
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        tl.store(dw_row + cols, tl.zeros((BLOCK_N,), dtype=tl.float32),
-                 mask=(cols < N) & (want_dw != 0))
-    for row in range(row_start, row_end):
-        base = row * N
-        rstd = tl.load(rstd_ptr + row)
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
-            cols, mask, dy, s, wp = _bwd_chunk(dy_ptr, s_ptr, w_ptr, base, start, N, offset,
-                                               has_w, casting, dtype, BLOCK_N)
-            acc += dy * wp * s * rstd
-        c = tl.sum(acc, axis=0) / N
-        for start in range(0, N, BLOCK_N):
-            cols, mask, dy, s, wp = _bwd_chunk(dy_ptr, s_ptr, w_ptr, base, start, N, offset,
-                                               has_w, casting, dtype, BLOCK_N)
-            ds = tl.load(ds_ptr + base + cols, mask=mask & (has_ds != 0), other=0.0)
-            dx = rstd * (dy * wp - s * rstd * c) + ds.to(tl.float32)
-            tl.store(dx_ptr + base + cols, dx.to(dtype), mask=mask & (want_dx != 0))
-            wmask = mask & (want_dw != 0)
-            dw = tl.load(dw_row + cols, mask=wmask, other=0.0)
-            dw += dy * rms_normalize(s, rstd, casting, dtype)
-            tl.store(dw_row + cols, dw, mask=wmask)
+    rms_norm_bwd_looped_rows(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, N, N, N, N,
+                             M, N, offset, rows_per_program, has_w, has_ds, want_dx, want_dw,
+                             casting, BLOCK_N)
 
 
 # Forward buckets: (BLOCK_N, rows per program, warps), those of rms_norm (the same rows; twice
