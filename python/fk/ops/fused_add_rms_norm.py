@@ -29,9 +29,11 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor,
         ``(y, residual_out)``, both of ``x``'s shape and dtype, contiguous.
         ``residual_out`` is ``x + residual`` added in float32 and rounded once to ``x``'s
         dtype, exactly what ``residual + hidden_states`` gives in torch; ``y`` is
-        ``fk.rms_norm`` of it, bit for bit. Differentiable in ``x``, ``residual`` and
-        ``weight``, with gradients flowing from either output or both: the gradient of
-        ``residual_out`` adds into that of ``x``. ``x`` and ``residual`` receive the same
-        gradient tensor. Work for an unused output or a frozen weight is skipped.
+        ``fk.rms_norm`` of it (the same arithmetic). Differentiable in ``x``, ``residual``
+        and ``weight``, with gradients flowing from either output or both: the gradient of
+        ``residual_out`` adds into that of ``x``, computed in float32 with one rounding.
+        One gradient tensor serves ``x`` and ``residual`` (autograd copies it where both
+        are leaves). Work for an unused output or a frozen weight is skipped: with ``y``
+        unused no kernel runs and the gradient of ``residual_out`` passes through.
     """
     return torch.ops.fk.fused_add_rms_norm(x, residual, weight, eps, offset, casting_mode)
