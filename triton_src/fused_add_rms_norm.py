@@ -156,9 +156,10 @@ _FWD_BUCKETS = ((256, 8, 4), (1024, 2, 4), (2048, 1, 8), (4096, 1, 8), (8192, 1,
 # multiprocessor, so every variant must fit in 65536 / 512 = 128 registers per thread to keep
 # them all resident (checked with cuobjdump --dump-resource-usage on the sm_90a cubins): a
 # prefetched row costs the registers of a second row in its stored dtype, which fits up to
-# the sizes below. The unaligned variants load element by element with far more registers
-# and never prefetch. Past 8192 columns a row and its prefetch do not fit in registers: the
-# looped kernel takes those rows.
+# the sizes below (on sm_80 to sm_120 alike). The unaligned variants load element by element
+# with far more registers and never prefetch; at 8192 they spill about 200 bytes per thread.
+# Past 8192 columns a row and its prefetch do not fit in registers: the looped kernel takes
+# those rows.
 _BWD_ALIGNED = {
     "bf16": ((256, 4, 1), (1024, 4, 1), (2048, 8, 1), (4096, 8, 1), (8192, 16, 1)),
     "fp16": ((256, 4, 1), (1024, 4, 1), (2048, 8, 1), (4096, 8, 0), (8192, 16, 1)),
