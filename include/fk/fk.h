@@ -24,6 +24,15 @@ at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight
                     double eps = 1e-6, double offset = 0.0,
                     const std::string& casting_mode = "llama");
 
+// Residual add fused with RMSNorm, as in a decoder layer: residual_out = x + residual (in
+// x's dtype), y = rms_norm(residual_out, weight, eps, offset, casting_mode). Returns
+// (y, residual_out).
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
+                                                      const at::Tensor& residual,
+                                                      const std::optional<at::Tensor>& weight,
+                                                      double eps = 1e-6, double offset = 0.0,
+                                                      const std::string& casting_mode = "llama");
+
 // The version of the torch this libfk was built against, e.g. "2.11.0+cu130".
 const char* built_torch_version();
 

@@ -19,6 +19,7 @@ from .ops.layer_norm import layer_norm  # noqa: E402
 from .ops.rms_norm import rms_norm  # noqa: E402
 from .ops.softmax import softmax  # noqa: E402
 from .ops.rope import rope, rope_  # noqa: E402
+from .ops.fused_add_rms_norm import fused_add_rms_norm  # noqa: E402
 from .ops.swiglu import swiglu  # noqa: E402
 from .ops.geglu import geglu  # noqa: E402
 
@@ -27,4 +28,4 @@ __version__ = "0.1.0"
 #: Pass to CMake (CMAKE_PREFIX_PATH) so that ``find_package(fk)`` finds this installation.
 cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
-__all__ = ["swiglu", "rms_norm", "softmax", "nn", "build_info", "cmake_prefix_path", "geglu", "layer_norm", "rope", "rope_"]
+__all__ = ["swiglu", "rms_norm", "softmax", "nn", "build_info", "cmake_prefix_path", "geglu", "layer_norm", "rope", "rope_", "fused_add_rms_norm"]
