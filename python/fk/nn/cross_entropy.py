@@ -13,6 +13,10 @@ class CrossEntropyLoss(nn.Module):
     ``grad_in_logits`` (see :func:`fk.cross_entropy`: by default the forward writes the
     gradient into the logits' memory). ``forward(logits, target)`` takes ``(N, V)`` logits
     and returns the loss.
+
+    In TorchScript the gradient always goes into a separate buffer: the JIT takes the op
+    to leave the logits unchanged and may, for one, merge two identical logits
+    computations into one tensor, which a second loss would then read as gradients.
     """
 
     def __init__(self, weight: Optional[torch.Tensor] = None, ignore_index: int = -100,
@@ -35,7 +39,7 @@ class CrossEntropyLoss(nn.Module):
         loss, _ = torch.ops.fk.cross_entropy(logits, target, self.weight, self.ignore_index,
                                              self.label_smoothing, self.reduction,
                                              self.lse_square_scale, self.softcap,
-                                             self.grad_in_logits)
+                                             self.grad_in_logits and not torch.jit.is_scripting())
         return loss
 
     def extra_repr(self) -> str:

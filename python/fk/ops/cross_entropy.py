@@ -45,7 +45,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
             an inplace operation" error instead of reading gradients; so does this op's
             backward if something else overwrites them before it). Pass False to allocate
             a separate gradient buffer and leave ``logits`` untouched. Under
-            ``torch.compile`` and other tracing a separate buffer is always used.
+            ``torch.compile`` and other tracing a separate buffer is always used. In
+            TorchScript (where this function's return type is a Union) use
+            ``fk.nn.CrossEntropyLoss``, which keeps the gradient out of the logits there.
 
     Returns:
         The float32 loss (float64 for float64 logits): a scalar, or ``(N,)`` for
