@@ -47,7 +47,9 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
       std::tie(loss, z) = cross_entropy_forward_inplace_call(
           x, target, weight, ignore_index, label_smoothing, reduction, lse_square_scale, softcap);
       if (x.is_same(logits)) logits.unsafeGetTensorImpl()->bump_version();
-      grad = x.detach();
+      // Saved as is (not a detached alias, which below autograd would get a version
+      // counter of its own): a later write into the logits makes the backward raise.
+      grad = x;
     } else {
       std::tie(loss, z, grad) = cross_entropy_forward_call(
           logits, target, weight, ignore_index, label_smoothing, reduction, lse_square_scale,
@@ -63,14 +65,19 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
     const at::Tensor& g = grads[0];
     torch::autograd::variable_list out(9);
     if (!g.defined()) return out;  // only z_loss was used: it carries no gradient
-    if (!torch::autograd::get_current_graph_task_keep_graph() && !at::GradMode::is_enabled() &&
-        plain_eager({&grad, &g})) {
+    if (at::GradMode::is_enabled()) {
+      // Building a higher-order graph: the first-order gradient, marked as depending on
+      // the stored one, so that differentiating it raises instead of reading as constant.
+      out[0] = cross_entropy_backward_call(grad.detach().requires_grad_(), g);
+    } else if (!torch::autograd::get_current_graph_task_keep_graph() &&
+               plain_eager({&grad, &g})) {
       {
         at::AutoDispatchBelowADInplaceOrView guard;
         cross_entropy_backward_inplace_call(grad, g);
       }
       grad.unsafeGetTensorImpl()->bump_version();
-      out[0] = grad;
+      // A new tensor object on the same memory, so a leaf's .grad takes it without a copy.
+      out[0] = grad.detach();
     } else {
       out[0] = cross_entropy_backward_call(grad, g);
     }
