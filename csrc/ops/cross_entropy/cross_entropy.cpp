@@ -21,6 +21,32 @@ CeReduction parse_ce_reduction(const char* op, std::string_view reduction) {
               "'");
 }
 
+CeOptions check_ce_target_and_options(const char* op, const char* like_name,
+                                      const at::Tensor& like, const c10::SymInt& n,
+                                      const c10::SymInt& v, const at::Tensor& target,
+                                      const std::optional<at::Tensor>& weight,
+                                      const char* weight_name, int64_t ignore_index,
+                                      double label_smoothing, std::string_view reduction,
+                                      double lse_square_scale, std::optional<double> softcap) {
+  checks::check_same_device(op, like_name, like, "target", target);
+  TORCH_CHECK(target.scalar_type() == at::kLong, op,
+              ": target must be int64 (class indices), got ", target.scalar_type());
+  TORCH_CHECK(target.dim() == 1 && target.sym_size(0) == n, op, ": target must have shape (", n,
+              ",) to match ", like_name, ", got ", target.sym_sizes());
+  if (weight.has_value() && weight->defined()) {
+    checks::check_same_device(op, like_name, like, weight_name, *weight);
+    checks::check_float(op, weight_name, *weight);
+    TORCH_CHECK(weight->dim() == 1 && weight->sym_size(0) == v, op, ": ", weight_name,
+                " must have shape (", v, ",) (one per class), got ", weight->sym_sizes());
+  }
+  TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
+              ": label_smoothing must be in [0, 1], got ", label_smoothing);
+  TORCH_CHECK(!softcap.has_value() || *softcap > 0.0, op, ": softcap must be positive, got ",
+              softcap.value_or(0.0));
+  return CeOptions{ignore_index, label_smoothing, parse_ce_reduction(op, reduction),
+                   lse_square_scale, softcap};
+}
+
 CeOptions check_cross_entropy(const char* op, const at::Tensor& logits, const at::Tensor& target,
                               const std::optional<at::Tensor>& weight, int64_t ignore_index,
                               double label_smoothing, std::string_view reduction,
@@ -29,25 +55,9 @@ CeOptions check_cross_entropy(const char* op, const at::Tensor& logits, const at
   checks::check_float(op, "logits", logits);
   TORCH_CHECK(logits.sym_size(1) >= 1, op, ": logits must have at least one class, got shape ",
               logits.sym_sizes());
-  checks::check_same_device(op, "logits", logits, "target", target);
-  TORCH_CHECK(target.scalar_type() == at::kLong, op,
-              ": target must be int64 (class indices), got ", target.scalar_type());
-  TORCH_CHECK(target.dim() == 1 && target.sym_size(0) == logits.sym_size(0), op,
-              ": target must have shape (", logits.sym_size(0), ",) to match logits, got ",
-              target.sym_sizes());
-  if (weight.has_value() && weight->defined()) {
-    checks::check_same_device(op, "logits", logits, "weight", *weight);
-    checks::check_float(op, "weight", *weight);
-    TORCH_CHECK(weight->dim() == 1 && weight->sym_size(0) == logits.sym_size(1), op,
-                ": weight must have shape (", logits.sym_size(1), ",) (one per class), got ",
-                weight->sym_sizes());
-  }
-  TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
-              ": label_smoothing must be in [0, 1], got ", label_smoothing);
-  TORCH_CHECK(!softcap.has_value() || *softcap > 0.0, op, ": softcap must be positive, got ",
-              softcap.value_or(0.0));
-  return CeOptions{ignore_index, label_smoothing, parse_ce_reduction(op, reduction),
-                   lse_square_scale, softcap};
+  return check_ce_target_and_options(op, "logits", logits, logits.sym_size(0),
+                                     logits.sym_size(1), target, weight, "weight", ignore_index,
+                                     label_smoothing, reduction, lse_square_scale, softcap);
 }
 
 void check_cross_entropy_backward(const char* op, const at::Tensor& grad,

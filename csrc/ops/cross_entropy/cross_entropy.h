@@ -38,6 +38,16 @@ CeOptions check_cross_entropy(const char* op, const at::Tensor& logits, const at
                               const std::optional<at::Tensor>& weight, int64_t ignore_index,
                               double label_smoothing, std::string_view reduction,
                               double lse_square_scale, std::optional<double> softcap);
+// The target / class-weight / option half of the checks, for N rows of V classes, devices
+// compared with `like` (named like_name); check_cross_entropy and fused linear cross
+// entropy use it.
+CeOptions check_ce_target_and_options(const char* op, const char* like_name,
+                                      const at::Tensor& like, const c10::SymInt& n,
+                                      const c10::SymInt& v, const at::Tensor& target,
+                                      const std::optional<at::Tensor>& weight,
+                                      const char* weight_name, int64_t ignore_index,
+                                      double label_smoothing, std::string_view reduction,
+                                      double lse_square_scale, std::optional<double> softcap);
 // grad (N, V) floating; grad_loss a float32 (float64 for float64 grad) scalar or (N,).
 void check_cross_entropy_backward(const char* op, const at::Tensor& grad,
                                   const at::Tensor& grad_loss);
