@@ -110,6 +110,18 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_forward_inplace_impl(
 at::Tensor cross_entropy_backward_impl(const at::Tensor& grad, const at::Tensor& grad_loss);
 void cross_entropy_backward_inplace_impl(at::Tensor& grad, const at::Tensor& grad_loss);
 
+// --- autograd helpers (cross_entropy_autograd.cpp) --------------------------------------
+
+// Plain eager tensors on which fk may write in place: no dispatch mode active, no
+// functional / fake / subclass tensors (as under torch.compile or opcheck), strided.
+bool plain_eager(std::initializer_list<const at::Tensor*> tensors);
+
+// The backward of a gradient the forward computed for a grad_output of 1 (2-D): scaled by
+// grad_loss in place where that is safe (plain eager, the graph not retained, no
+// higher-order graph) and returned as a new tensor object on the same memory, else into
+// a new tensor; under create_graph the result raises when differentiated.
+at::Tensor scale_stored_grad(at::Tensor stored, const at::Tensor& grad_loss);
+
 // --- calls through the dispatcher ------------------------------------------------------
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_call(

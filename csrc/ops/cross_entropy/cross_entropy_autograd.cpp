@@ -19,9 +19,7 @@
 #include "ops/cross_entropy/cross_entropy.h"
 
 namespace fk::ops {
-namespace {
 
-// Plain eager tensors on which fk may write in place (no tracing or subclass wrappers).
 bool plain_eager(std::initializer_list<const at::Tensor*> tensors) {
   if (c10::impl::dispatch_mode_enabled()) return false;
   const auto wrapped = c10::DispatchKeySet({c10::DispatchKey::Python,
@@ -31,6 +29,27 @@ bool plain_eager(std::initializer_list<const at::Tensor*> tensors) {
   }
   return true;
 }
+
+at::Tensor scale_stored_grad(at::Tensor stored, const at::Tensor& grad_loss) {
+  if (at::GradMode::is_enabled()) {
+    // Building a higher-order graph: the first-order gradient, marked as depending on the
+    // stored one, so that differentiating it raises instead of reading as a constant.
+    return cross_entropy_backward_call(stored.detach().requires_grad_(), grad_loss);
+  }
+  if (!torch::autograd::get_current_graph_task_keep_graph() && stored.is_contiguous() &&
+      plain_eager({&stored, &grad_loss})) {
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      cross_entropy_backward_inplace_call(stored, grad_loss);
+    }
+    stored.unsafeGetTensorImpl()->bump_version();
+    // A new tensor object on the same memory, so a leaf's .grad takes it without a copy.
+    return stored.detach();
+  }
+  return cross_entropy_backward_call(stored, grad_loss);
+}
+
+namespace {
 
 class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFunction> {
  public:
@@ -62,25 +81,9 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     at::Tensor grad = ctx->get_saved_variables()[0];
-    const at::Tensor& g = grads[0];
     torch::autograd::variable_list out(9);
-    if (!g.defined()) return out;  // only z_loss was used: it carries no gradient
-    if (at::GradMode::is_enabled()) {
-      // Building a higher-order graph: the first-order gradient, marked as depending on
-      // the stored one, so that differentiating it raises instead of reading as constant.
-      out[0] = cross_entropy_backward_call(grad.detach().requires_grad_(), g);
-    } else if (!torch::autograd::get_current_graph_task_keep_graph() &&
-               plain_eager({&grad, &g})) {
-      {
-        at::AutoDispatchBelowADInplaceOrView guard;
-        cross_entropy_backward_inplace_call(grad, g);
-      }
-      grad.unsafeGetTensorImpl()->bump_version();
-      // A new tensor object on the same memory, so a leaf's .grad takes it without a copy.
-      out[0] = grad.detach();
-    } else {
-      out[0] = cross_entropy_backward_call(grad, g);
-    }
+    // An undefined grad_output: only z_loss was used, and it carries no gradient.
+    if (grads[0].defined()) out[0] = scale_stored_grad(grad, grads[0]);
     return out;
   }
 };

@@ -2,5 +2,7 @@
 from .rms_norm import RMSNorm
 from .swiglu import SwiGLUMLP
 from .cross_entropy import CrossEntropyLoss
+from .fused_linear_cross_entropy import FusedLinearCrossEntropyLoss
 
-__all__ = ["RMSNorm", "SwiGLUMLP", "CrossEntropyLoss"]
+__all__ = ["RMSNorm", "SwiGLUMLP", "CrossEntropyLoss",
+           "FusedLinearCrossEntropyLoss"]
