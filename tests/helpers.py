@@ -182,3 +182,14 @@ def ref_cross_entropy(logits, target, weight=None, ignore_index=-100, label_smoo
         return ce + z, z
     z = z.sum() if reduction == "sum" else z.sum() / keep.sum()
     return ce + z, z
+
+
+def ref_fused_linear_cross_entropy(x, weight, target, bias=None, ce_weight=None, **kwargs):
+    """ref_cross_entropy of the logits x @ weight^T + bias, formed in float64 and rounded to
+    x's dtype (as a matmul with float32 accumulation returns them); differentiable."""
+    logits = x.double() @ weight.double().t()
+    if bias is not None:
+        logits = logits + bias.double()
+    if x.dtype != torch.float64:
+        logits = logits.to(x.dtype).double()
+    return ref_cross_entropy(logits, target, ce_weight, **kwargs)
