@@ -270,15 +270,21 @@ def cross_entropy_scale_kernel(src_ptr, dst_ptr, g_ptr, g_stride, src_stride, ds
 # den: one program, 1024 targets per step.
 SMALL = 1024  # the small bucket; every longer row takes the large one
 LARGE = 1 << 17  # label of the large bucket (rows of any length)
+# Other archs (not tuned): smaller blocks for the plain, unaligned and general variants,
+# which keep the sm_80 / sm_100 / sm_103 / sm_120 code from spilling; the rest as sm_90.
+_SM90 = {
+    "small": {2: (1024, 4, 8), 4: (1024, 4, 8)},
+    "plain": {2: (16384, 16, 1), 4: (8192, 16, 1)},
+    "unaligned": {2: (8192, 16, 1), 4: (4096, 16, 1)},
+    "general": {2: (4096, 16, 1), 4: (4096, 16, 1)},
+    "scale": (4096, 8, 8),
+    "den": (1024, 4),
+}
 _CONFIG = {
-    "default": {
-        "small": {2: (1024, 4, 8), 4: (1024, 4, 8)},
-        "plain": {2: (16384, 16, 1), 4: (8192, 16, 1)},
-        "unaligned": {2: (8192, 16, 1), 4: (4096, 16, 1)},
-        "general": {2: (4096, 16, 1), 4: (4096, 16, 1)},
-        "scale": (4096, 8, 8),
-        "den": (1024, 4),
-    },
+    90: _SM90,
+    "default": dict(_SM90, plain={2: (8192, 16, 1), 4: (8192, 16, 1)},
+                    unaligned={2: (4096, 16, 1), 4: (4096, 16, 1)},
+                    general={2: (2048, 16, 1), 4: (2048, 16, 1)}),
 }
 _ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
 
