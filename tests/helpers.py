@@ -159,3 +159,37 @@ def misaligned(t: torch.Tensor) -> torch.Tensor:
     view.copy_(t)
     assert view.data_ptr() % 16 != 0
     return view
+
+
+# --- cross entropy (fk.cross_entropy, fk.fused_linear_cross_entropy) ---------------------
+
+def ref_cross_entropy(logits, target, weight=None, ignore_index=-100, label_smoothing=0.0,
+                      reduction="mean", lse_square_scale=0.0, softcap=None):
+    """(loss, z_loss) in float64: torch's F.cross_entropy of the softcapped logits
+    (softcap * tanh(logits / softcap)), plus the z-loss lse_square_scale * logsumexp^2 of
+    each non-ignored row, summed, averaged over non-ignored rows ("mean") or per row."""
+    import torch.nn.functional as F
+
+    x = logits.double()
+    if softcap is not None:
+        x = softcap * torch.tanh(x / softcap)
+    keep = target != ignore_index
+    z = torch.where(keep, lse_square_scale * torch.logsumexp(x, -1) ** 2, 0.0)
+    ce = F.cross_entropy(x, target, None if weight is None else weight.double(),
+                         ignore_index=ignore_index, label_smoothing=label_smoothing,
+                         reduction=reduction)
+    if reduction == "none":
+        return ce + z, z
+    z = z.sum() if reduction == "sum" else z.sum() / keep.sum()
+    return ce + z, z
+
+
+def ref_fused_linear_cross_entropy(x, weight, target, bias=None, ce_weight=None, **kwargs):
+    """ref_cross_entropy of the logits x @ weight^T + bias, formed in float64 and rounded to
+    x's dtype (as a matmul with float32 accumulation returns them); differentiable."""
+    logits = x.double() @ weight.double().t()
+    if bias is not None:
+        logits = logits + bias.double()
+    if x.dtype != torch.float64:
+        logits = logits.to(x.dtype).double()
+    return ref_cross_entropy(logits, target, ce_weight, **kwargs)
