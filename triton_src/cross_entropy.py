@@ -21,13 +21,12 @@ gradient row; a target outside [0, V) that is not ignore_index gives NaN (loss a
 gradient of that row, and D, so a "mean" is NaN): there is no host check to raise.
 
 Kernels:
-  cross_entropy_fwd_kernel   persistent: each program walks rows pid, pid + P, ... Per row,
-                             pass 1 reads the row once (online max / sum of exp), pass 2
-                             re-reads it in reverse order (the most recently read blocks
-                             first, so from L2) and writes the gradient; the gradient may be
-                             the logits' own memory (every element is read before the same
-                             thread overwrites it). One block is always in flight: the next
-                             block of the row, or the next row's first block.
+  cross_entropy_fwd_kernel   each program walks rows pid, pid + P, ... (P = min(M, PER_SM
+                             x SMs): one row per program at large PER_SM). Per row, pass 1
+                             reads the row once (online max / sum of exp), pass 2 re-reads
+                             it (from L2 on an H200) and writes the gradient; the gradient
+                             may be the logits' own memory (every element is read before
+                             the same thread overwrites it).
   cross_entropy_den_kernel   one program: D_w and D_n.
   cross_entropy_scale_kernel dst = src * grad_output (a scalar, or one value per row); in
                              place it returns at once where grad_output is 1.
@@ -51,17 +50,6 @@ LOG2E = tl.constexpr(1.4426950408889634)
 def _tanh(u):
     """tanh through exp2: exact at +-inf, absolute error about 1e-7 near 0."""
     return 1.0 - 2.0 / (tl.exp2(u * (2.0 * LOG2E)) + 1.0)
-
-
-@triton.jit
-def _load_next(x_ptr, lanes, tgt, row_off, next_off, next_lim, V, BLOCK: tl.constexpr,
-               POLICY: tl.constexpr):
-    """Block `tgt` of the current row, or (tgt < 0) block 0 of the program's next row
-    (next_lim = 0 when there is none: a fully masked load, no memory access)."""
-    in_row = tgt >= 0
-    off = tl.where(in_row, row_off + tgt * BLOCK, next_off)
-    lim = tl.where(in_row, V - tgt * BLOCK, next_lim)
-    return tl.load(x_ptr + off + lanes, mask=lanes < lim, other=0.0, eviction_policy=POLICY)
 
 
 @triton.jit
@@ -97,7 +85,6 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK)
-    nb = tl.cdiv(V, BLOCK)
     inv_dw = tl.full((), 1.0, tl.float32)
     inv_dn = tl.full((), 1.0, tl.float32)
     if reduction == 1:
@@ -105,22 +92,11 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
         inv_dn = 1.0 / tl.load(den_ptr + 1)
     smoothing = label_smoothing > 0.0
     inv_cap = 1.0 / softcap
-    # The grid never exceeds M, so every program has a first row: prefetch it.
-    nxt = tl.load(x_ptr + pid * x_stride + lanes, mask=lanes < V, other=0.0,
-                  eviction_policy="evict_last")
-    y_next = tl.load(target_ptr + pid)
     for row in range(pid, M, nprog):
-        y = y_next
-        row_off = row * x_stride
+        y = tl.load(target_ptr + row)
+        x_row = x_ptr + row * x_stride
         g_row = grad_ptr + row * grad_stride
-        nrow = row + nprog
-        has_next = nrow < M
-        next_off = tl.where(has_next, nrow, row) * x_stride
-        next_lim = tl.where(has_next, V, 0)
-        y_next = tl.load(target_ptr + tl.where(has_next, nrow, row))
         if y == ignore_index:
-            nxt = _load_next(x_ptr, lanes, -1, row_off, next_off, next_lim, V, BLOCK,
-                             "evict_last")
             if write_grad != 0:
                 zero = tl.zeros((BLOCK,), dtype=gdtype)
                 for start in range(0, V, BLOCK):
@@ -131,7 +107,7 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
         else:
             valid = (y >= 0) & (y < V)
             y_safe = tl.where(valid, y, 0)
-            x_y = tl.load(x_ptr + row_off + y_safe).to(tl.float32)
+            x_y = tl.load(x_row + y_safe).to(tl.float32)
             w_y = tl.full((), 1.0, tl.float32)
             if GENERAL:
                 if has_softcap != 0:
@@ -141,20 +117,17 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
             x_y = tl.where(valid, x_y, float("nan"))
             w_y = tl.where(valid, w_y, float("nan"))
 
-            # Pass 1: online max and sum of exp (and the sums label smoothing needs).
+            # Pass 1: online max and sum of exp (and the sums label smoothing needs); the
+            # row stays in L2 for pass 2 (evict_last).
             m = -float("inf")
             d = 0.0
             sx = 0.0
             sw = 0.0
-            cur = nxt
-            for k in range(0, nb):
-                cur = nxt
-                tgt = tl.where(k + 1 < nb, k + 1, tl.where(write_grad != 0, nb - 2, -1))
-                nxt = _load_next(x_ptr, lanes, tgt, row_off, next_off, next_lim, V, BLOCK,
-                                 "evict_last")
-                cols = k * BLOCK + lanes
+            for start in range(0, V, BLOCK):
+                cols = start + lanes
                 mask = cols < V
-                x = cur.to(tl.float32)
+                x = tl.load(x_row + cols, mask=mask, other=0.0,
+                            eviction_policy="evict_last").to(tl.float32)
                 if GENERAL:
                     if has_softcap != 0:
                         x = softcap * _tanh(x * inv_cap)
@@ -187,23 +160,17 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
             tl.store(loss_ptr + row, ce * inv_dw + z * inv_dn)
             tl.store(z_ptr + row, z * inv_dn)
 
-            # Pass 2, last block first: it is still in registers (cur), the blocks before it
-            # most likely in L2. Each block is prefetched while the previous one is written.
+            # Pass 2: re-read the row (from L2) and write the gradient; each thread reads
+            # its elements before it overwrites them, so grad may be the logits' memory.
             if write_grad != 0:
-                cols = (nb - 1) * BLOCK + lanes
-                g = _grad_block(cur, cols, y, lse, a, c_y, c_w, softcap, inv_cap, weight_ptr,
-                                has_weight, has_softcap, smoothing, V, GENERAL)
-                tl.store(g_row + cols, g.to(gdtype), mask=cols < V, eviction_policy="evict_first")
-                for j in range(1, nb):
-                    b = nb - 1 - j
-                    cur = nxt
-                    nxt = _load_next(x_ptr, lanes, b - 1, row_off, next_off, next_lim, V, BLOCK,
-                                     "evict_first")
-                    cols = b * BLOCK + lanes
-                    g = _grad_block(cur, cols, y, lse, a, c_y, c_w, softcap, inv_cap,
+                for start in range(0, V, BLOCK):
+                    cols = start + lanes
+                    mask = cols < V
+                    raw = tl.load(x_row + cols, mask=mask, other=0.0,
+                                  eviction_policy="evict_first")
+                    g = _grad_block(raw, cols, y, lse, a, c_y, c_w, softcap, inv_cap,
                                     weight_ptr, has_weight, has_softcap, smoothing, V, GENERAL)
-                    tl.store(g_row + cols, g.to(gdtype), mask=cols < V,
-                             eviction_policy="evict_first")
+                    tl.store(g_row + cols, g.to(gdtype), mask=mask, eviction_policy="evict_first")
 
 
 @triton.jit
@@ -258,18 +225,16 @@ def cross_entropy_scale_kernel(src_ptr, dst_ptr, g_ptr, g_stride, src_stride, ds
 # 1.0 ms (pass 2's re-read comes from L2); forward without it 0.5 ms; the backward is one
 # launch that returns at once for grad_output 1, else one more read + write, 1.0 ms.
 #
-# Launch configurations, chosen by byte counting for sm_90 (H200: 132 SMs, 50 MB L2).
+# Launch configurations for sm_90 (H200: 132 SMs, 50 MB L2), from the sweep of
+# benchmarks/tune_cross_entropy.py at 8192 x 128256 bf16.
 # fwd: per kind of variant and element size, (BLOCK, warps, programs per SM).
-#   plain: aligned, no weights / smoothing / softcap: the Llama training case. A row of
-#     128256 bf16 logits is 250 KB; with one program per SM (126 registers x 512 threads
-#     fill an SM), 132 rows are in flight, 33 MB at most and about half of it live on
-#     average, inside the L2, so pass 2 reads from L2. A 32 KB block step keeps 4.2 MB of
-#     loads in flight on the GPU (one block per SM), what 4.2 TB/s needs at about 1 us of
-#     latency.
+#   plain: aligned, no weights / smoothing / softcap: the Llama training case. One row per
+#     program (PER_SM 64 covers 8192 rows) in 64 KB steps of 16 warps: 1.43 ms measured,
+#     70 % of copy bandwidth for the 4.2 GB floor. Persistent grids (1-4 per SM) and
+#     software prefetch of the next block measured 1.6-1.9 ms; 16 KB steps 1.66 ms.
 #   unaligned (row length not a multiple of 16, or a misaligned pointer): scalar loads hold
-#     more registers; half the block keeps it from spilling.
-#   general: weights, smoothing or softcap hold several values per element: 8 (2-byte) or
-#     16 KB (fp32) steps fit 128 registers without spilling.
+#     more registers; half the block.
+#   general: weights, smoothing or softcap hold several values per element: 16 KB steps.
 #   small: rows of at most SMALL classes, many programs per SM.
 # scale: tiles of 4096 columns, 8 warps, 8 programs per SM: 64 KB in flight per SM.
 # den: one program, 1024 targets per step.
@@ -279,17 +244,17 @@ LARGE = 1 << 17  # label of the large bucket (rows of any length)
 # which keep the sm_80 / sm_100 / sm_103 / sm_120 code from spilling; the rest as sm_90.
 _SM90 = {
     "small": {2: (1024, 4, 8), 4: (1024, 4, 8)},
-    "plain": {2: (16384, 16, 1), 4: (8192, 16, 1)},
-    "unaligned": {2: (8192, 16, 1), 4: (4096, 16, 1)},
-    "general": {2: (4096, 16, 1), 4: (4096, 16, 1)},
+    "plain": {2: (32768, 16, 64), 4: (16384, 16, 64)},
+    "unaligned": {2: (16384, 16, 64), 4: (8192, 16, 64)},
+    "general": {2: (8192, 16, 64), 4: (4096, 16, 64)},
     "scale": (4096, 8, 8),
     "den": (1024, 4),
 }
 _CONFIG = {
     90: _SM90,
-    "default": dict(_SM90, plain={2: (8192, 16, 1), 4: (8192, 16, 1)},
-                    unaligned={2: (4096, 16, 1), 4: (4096, 16, 1)},
-                    general={2: (2048, 16, 1), 4: (2048, 16, 1)}),
+    "default": dict(_SM90, plain={2: (16384, 16, 64), 4: (8192, 16, 64)},
+                    unaligned={2: (8192, 16, 64), 4: (4096, 16, 64)},
+                    general={2: (4096, 16, 64), 4: (4096, 16, 64)}),
 }
 _ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
 
