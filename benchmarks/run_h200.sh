@@ -55,10 +55,11 @@ fi
 if [[ $STEPS == *bench* ]]; then
   # BENCH_OPS (space-separated) restricts the ops; default: every benchmarks/benchmark_<op>.py.
   OPS=${BENCH_OPS:-$(ls benchmarks/benchmark_*.py | sed 's|.*/benchmark_||; s|\.py$||')}
-  for pass in 1 2; do
+  # BENCH_PASSES (default 2) runs; BENCH_ARGS is passed on (e.g. "--tokens 8192").
+  for pass in $(seq ${BENCH_PASSES:-2}); do
     for op in $OPS; do
       python3 benchmarks/benchmark_$op.py --model llama_3_8b --sweep-mode token_length \
-        --out "$OUT" 2>&1 | tee -a "$OUT/bench_$op.log"
+        --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench_$op.log"
     done
   done
 fi
