@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 import fk
 from helpers import (DTYPES, assert_close, error_lines, load_triton_src, misaligned,
-                     poison_cuda_cache, randn, ref_cross_entropy, round_toward_zero)
+                     poison_cuda_cache, randn, ref_cross_entropy, round_nearest,
+                     round_toward_zero)
 
 REDUCTIONS = ("mean", "sum", "none")
 # Option sets: (weight?, label_smoothing, lse_square_scale, softcap)
@@ -573,7 +574,10 @@ def test_cuda_llama_shape_one_row_misaligned_non_contiguous(dtype):
         loss = fk.cross_entropy(xb, t)
         assert_close(loss, F.cross_entropy(x.float(), t), torch.float32, factor=2)
         loss.backward()
-        assert_close(xb.grad[rows], ref_g / (t != -100).sum().item(), dtype, factor=3)
+        # The stored gradient is p / N in the logits' dtype: fp16 flushes the smallest
+        # values to its subnormals or zero, so compare with the reference rounded likewise.
+        ref_mean = round_nearest(ref_g / (t != -100).sum().item(), dtype)
+        assert_close(xb.grad[rows], ref_mean, dtype, factor=3)
         del xb, x, loss
     x, t, _ = _inputs(5, 1001, dtype, "cuda")
     xm = misaligned(x).requires_grad_()
