@@ -229,9 +229,9 @@ def cross_entropy_scale_kernel(src_ptr, dst_ptr, g_ptr, g_stride, src_stride, ds
 # benchmarks/tune_cross_entropy.py at 8192 x 128256 bf16.
 # fwd: per kind of variant and element size, (BLOCK, warps, programs per SM).
 #   plain: aligned, no weights / smoothing / softcap: the Llama training case. One row per
-#     program (PER_SM 64 covers 8192 rows) in 64 KB steps of 16 warps: 1.43 ms measured,
-#     70 % of copy bandwidth for the 4.2 GB floor. Persistent grids (1-4 per SM) and
-#     software prefetch of the next block measured 1.6-1.9 ms; 16 KB steps 1.66 ms.
+#     program (PER_SM 64 covers 8192 rows) in 64 KB steps of 32 warps: 1.48 ms measured
+#     (16 warps: 1.72 ms; 128 KB steps: 1.71 ms; 2 programs per SM: 1.54 ms), 68 % of copy
+#     bandwidth for the 4.2 GB floor. Software prefetch of the next block measured 1.6-1.9 ms.
 #   unaligned (row length not a multiple of 16, or a misaligned pointer): scalar loads hold
 #     more registers; half the block.
 #   general: weights, smoothing or softcap hold several values per element: 16 KB steps.
@@ -244,7 +244,7 @@ LARGE = 1 << 17  # label of the large bucket (rows of any length)
 # which keep the sm_80 / sm_100 / sm_103 / sm_120 code from spilling; the rest as sm_90.
 _SM90 = {
     "small": {2: (1024, 4, 8), 4: (1024, 4, 8)},
-    "plain": {2: (32768, 16, 64), 4: (16384, 16, 64)},
+    "plain": {2: (32768, 32, 64), 4: (16384, 16, 64)},
     "unaligned": {2: (16384, 16, 64), 4: (8192, 16, 64)},
     "general": {2: (8192, 16, 64), 4: (4096, 16, 64)},
     "scale": (4096, 8, 8),
