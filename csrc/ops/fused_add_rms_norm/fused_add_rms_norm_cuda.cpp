@@ -4,8 +4,8 @@
 // rows longer than the largest single-pass block go to the looped kernel. Backward: a
 // persistent grid, each program over a range of rows, reads grad_y, grad_residual_out (when
 // given), residual_out and rstd, writes grad_x and fp32 partial weight gradients, which
-// rms_norm's reduction kernel sums. Views, flags, grid and the reduction are rms_norm's
-// (ops/rms_norm/rms_norm_cuda.h).
+// rms_norm's reduction kernel sums (ops/rms_norm/rms_norm_cuda.h); views, flags and grid
+// are runtime/rows.h.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -15,12 +15,16 @@
 #include "ops/rms_norm/rms_norm_cuda.h"
 #include "runtime/checks.h"
 #include "runtime/kernels.h"
+#include "runtime/rows.h"
 
 namespace fk::ops {
 namespace {
 
 using runtime::KernelArgs;
-using namespace rms_cuda;
+using runtime::as_rows;
+using runtime::flags_for;
+using runtime::persistent_grid;
+using rms_cuda::reduce_dw;
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward_cuda(
     const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,

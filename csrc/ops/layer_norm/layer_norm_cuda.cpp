@@ -15,28 +15,14 @@
 #include "ops/layer_norm/layer_norm.h"
 #include "runtime/checks.h"
 #include "runtime/kernels.h"
+#include "runtime/rows.h"
 
 namespace fk::ops {
 namespace {
 
 using runtime::KernelArgs;
-
-struct Rows {
-  at::Tensor x2d;  // contiguous (M, N) view of the input
-  int64_t m, n;
-};
-
-Rows as_rows(const at::Tensor& x) {
-  auto xc = x.contiguous();
-  const int64_t n = x.size(-1);
-  const int64_t m = n == 0 ? 0 : xc.numel() / n;
-  return {xc.view({m, n}), m, n};
-}
-
-// The aligned variants assume 16-byte aligned pointers and rows of a multiple of 16 elements.
-uint32_t flags_for(int64_t n, std::initializer_list<const at::Tensor*> tensors) {
-  return (n % 16 == 0 && runtime::aligned16(tensors)) ? runtime::kFlagAligned : 0;
-}
+using runtime::as_rows;
+using runtime::flags_for;
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_cuda(
     const at::Tensor& x, const std::optional<at::Tensor>& weight,
@@ -102,23 +88,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_cuda(
                        : looped.pick(op, rows.x2d, 0, flags);
   // Persistent grid: as many programs as fit on the device at once (PER_SM per
   // multiprocessor, see triton_src/layer_norm.py), each over a contiguous range of rows.
-  const int64_t sms = runtime::device_sm_count(x.device().index());
-  const int64_t per_sm = k.constexpr_value("PER_SM");
-  const int64_t rows_per_program = checks::ceil_div(rows.m, std::min(rows.m, per_sm * sms));
-  const int64_t programs = checks::ceil_div(rows.m, rows_per_program);
+  const auto grid = runtime::persistent_grid(rows.m, x.device(), k.constexpr_value("PER_SM"));
   const int64_t n_partials = (need_dw ? 1 : 0) + (need_db ? 1 : 0);
   at::Tensor partial, dw_partial, db_partial;
   if (n_partials > 0) {
-    partial = at::empty({n_partials, programs, rows.n}, x.options().dtype(at::kFloat));
+    partial = at::empty({n_partials, grid.programs, rows.n}, x.options().dtype(at::kFloat));
     if (need_dw) dw_partial = partial[0];
     if (need_db) db_partial = partial[n_partials - 1];
   }
   KernelArgs args;
   args.ptr(dy).ptr(rows.x2d).ptr(w).ptr(mean_c).ptr(rstd_c).ptr(dx).ptr(dw_partial)
       .ptr(db_partial).i64(rows.n).i64(rows.n).i64(rows.n).i64(rows.m).i32(rows.n)
-      .i64(rows_per_program).i32(has(weight) ? 1 : 0).i32(need_dx ? 1 : 0)
+      .i64(grid.rows_per_program).i32(has(weight) ? 1 : 0).i32(need_dx ? 1 : 0)
       .i32(need_dw ? 1 : 0).i32(need_db ? 1 : 0);
-  runtime::launch(op, k, x.device(), {programs, 1, 1}, args);
+  runtime::launch(op, k, x.device(), {grid.programs, 1, 1}, args);
   if (n_partials > 0) {
     // One pass over the fp32 partial rows: grid axis 1 picks the partial slab; slab 0 goes
     // to the kernel's dw pointer, slab 1 to its db pointer.
@@ -126,7 +109,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_cuda(
     const auto& kr = reduce.pick(op, rows.x2d, 0, 0);
     const at::Tensor& first = need_dw ? dw : db;
     KernelArgs rargs;
-    rargs.ptr(partial).ptr(first).ptr(db).i32(programs).i32(rows.n);
+    rargs.ptr(partial).ptr(first).ptr(db).i32(grid.programs).i32(rows.n);
     runtime::launch(op, kr, x.device(), {checks::ceil_div(rows.n, kr.block), n_partials, 1},
                     rargs);
   }

@@ -13,27 +13,11 @@
 #include "ops/rms_norm/rms_norm_cuda.h"
 #include "runtime/checks.h"
 #include "runtime/kernels.h"
+#include "runtime/rows.h"
 
 namespace fk::ops {
 
 namespace rms_cuda {
-
-Rows as_rows(const at::Tensor& x) {
-  auto xc = x.contiguous();
-  const int64_t n = x.size(-1);
-  const int64_t m = n == 0 ? 0 : xc.numel() / n;
-  return {xc.view({m, n}), m, n};
-}
-
-uint32_t flags_for(int64_t n, std::initializer_list<const at::Tensor*> tensors) {
-  return (n % 16 == 0 && runtime::aligned16(tensors)) ? runtime::kFlagAligned : 0;
-}
-
-PersistentGrid persistent_grid(int64_t m, const at::Device& device, int64_t per_sm) {
-  const int64_t sms = runtime::device_sm_count(device.index());
-  const int64_t rows_per_program = checks::ceil_div(m, std::min(m, per_sm * sms));
-  return {rows_per_program, checks::ceil_div(m, rows_per_program)};
-}
 
 at::Tensor reduce_dw(const char* op, const at::Tensor& partial, const at::Tensor& weight) {
   // One pass over the fp32 partial rows, written in the weight's dtype.
@@ -52,7 +36,10 @@ at::Tensor reduce_dw(const char* op, const at::Tensor& partial, const at::Tensor
 namespace {
 
 using runtime::KernelArgs;
-using namespace rms_cuda;
+using runtime::as_rows;
+using runtime::flags_for;
+using runtime::persistent_grid;
+using rms_cuda::reduce_dw;
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_forward_cuda(const at::Tensor& x,
                                                          const std::optional<at::Tensor>& weight,

@@ -17,11 +17,13 @@
 #include "ops/softmax/softmax.h"
 #include "runtime/checks.h"
 #include "runtime/kernels.h"
+#include "runtime/rows.h"
 
 namespace fk::ops {
 namespace {
 
 using runtime::KernelArgs;
+using runtime::flags_for;
 using runtime::KernelFamily;
 using runtime::KernelSpec;
 
@@ -47,10 +49,6 @@ at::Tensor from_rows(const at::Tensor& out, const at::Tensor& like, int64_t dim)
   sizes.erase(sizes.begin() + dim);
   sizes.push_back(like.size(dim));
   return out.view(sizes).movedim(-1, dim).contiguous();
-}
-
-uint32_t flags_for(int64_t n, std::initializer_list<const at::Tensor*> tensors) {
-  return (n % 16 == 0 && runtime::aligned16(tensors)) ? runtime::kFlagAligned : 0;
 }
 
 struct Families {
