@@ -7,6 +7,7 @@ with fk's CPU backend.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import sys
 
@@ -87,6 +88,19 @@ def ref_swiglu(a, b, cast=round_nearest):
     """silu(a) * b in float64, rounded once to a's dtype with `cast`."""
     a64, b64 = a.double(), b.double()
     out = a64 / (1 + torch.exp(-a64)) * b64
+    return out.to(a.dtype) if a.dtype == torch.float64 else cast(out.float(), a.dtype)
+
+
+def ref_gelu(a, approximate):
+    """gelu from its definition: the tanh form (Gemma's gelu_pytorch_tanh) or exact (erf)."""
+    if approximate == "tanh":
+        return 0.5 * a * (1 + torch.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3)))
+    return 0.5 * a * (1 + torch.erf(a / math.sqrt(2)))
+
+
+def ref_geglu(a, b, approximate, cast=round_nearest):
+    """gelu(a) * b in float64, rounded once to a's dtype with `cast`."""
+    out = ref_gelu(a.double(), approximate) * b.double()
     return out.to(a.dtype) if a.dtype == torch.float64 else cast(out.float(), a.dtype)
 
 

@@ -8,19 +8,13 @@ import torch.nn.functional as F
 
 import fk
 from helpers import (DTYPES, assert_close, cdiv, error_lines, load_triton_src, misaligned,
-                     poison_cuda_cache, randn, ref_grads, round_nearest, round_toward_zero)
+                     poison_cuda_cache, randn, ref_geglu, ref_gelu, ref_grads, round_toward_zero)
 
 MODES = ("tanh", "none")
 SHAPES = [(1,), (7,), (3, 257), (2, 3, 1000), (5, 4096)]
 
 
-# --- the reference: gelu written from its definition, in float64 ------------------------
-
-def _gelu(a, approximate):
-    if approximate == "tanh":
-        return 0.5 * a * (1 + torch.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3)))
-    return 0.5 * a * (1 + torch.erf(a / math.sqrt(2)))
-
+# --- the reference: helpers.ref_gelu / ref_geglu, and the tails without cancellation ------
 
 def _gelu_tails(a, approximate):
     """The same functions without the cancellation of 1 + tanh(z) and 1 + erf(x) for large
@@ -31,14 +25,8 @@ def _gelu_tails(a, approximate):
     return 0.5 * a * torch.special.erfc(-a / math.sqrt(2))
 
 
-def _gelu_mul(approximate, gelu=_gelu):
+def _gelu_mul(approximate, gelu=ref_gelu):
     return lambda a, b: gelu(a, approximate) * b
-
-
-def ref_geglu(a, b, approximate, cast=round_nearest):
-    """gelu(a) * b in float64, rounded once to a's dtype with `cast`."""
-    out = _gelu(a.double(), approximate) * b.double()
-    return out.to(a.dtype) if a.dtype == torch.float64 else cast(out.float(), a.dtype)
 
 
 def _ref_grads(a, b, dc, approximate):
@@ -289,7 +277,7 @@ def test_torchscript_script_save_load(tmp_path):
     torch.testing.assert_close(xl.grad, xe.grad, rtol=1e-5, atol=1e-6)
 
 
-# --- fk.nn.GEGLUMLP and backward_in_place ------------------------------------------------
+# --- fk.nn.GEGLUMLP and backward_in_place (the contract itself: tests/ops/test_glu.py) ----
 
 def _mlp_grads(in_place, approximate="tanh", device="cpu", dtype=torch.float32, seed=0):
     torch.manual_seed(seed)
@@ -329,72 +317,6 @@ def test_module_matches_gemma_mlp_names_and_formula():
 def test_mlp_backward_matches_torch(in_place, approximate):
     for got, ref in zip(_mlp_grads(in_place, approximate), _torch_mlp_grads(approximate)):
         assert_close(got, ref, torch.float32, factor=10)
-
-
-@pytest.mark.parametrize("approximate", MODES)
-def test_in_place_backward_writes_into_inputs_and_default_does_not(approximate):
-    a0, b0, dc = randn(4, 33, scale=2), randn(4, 33), randn(4, 33)
-    ga, gb = _ref_grads(a0, b0, dc, approximate)
-    a1, b1 = a0.clone().requires_grad_(), b0.clone().requires_grad_()
-    fk.geglu(a1 * 1, b1 * 1, approximate).backward(dc)     # default: intermediates untouched
-    assert_close(a1.grad, ga, torch.float32, factor=2)
-    ai, bi = (a0 * 1).requires_grad_(), (b0 * 1).requires_grad_()
-    fk.geglu(ai, bi, approximate, backward_in_place=True).backward(dc)
-    # ai / bi are leaves here, so their memory now holds their gradients (as documented).
-    assert_close(ai, ga, torch.float32, factor=2)
-    assert_close(bi, gb, torch.float32, factor=2)
-    a2, b2 = a0.clone().requires_grad_(), b0.clone().requires_grad_()
-    fk.geglu(a2, b2, approximate).backward(dc)
-    assert torch.equal(a2, a0) and torch.equal(b2, b0)
-
-
-def test_in_place_skipped_when_graph_retained():
-    a0, b0, dc = randn(4, 33), randn(4, 33), randn(4, 33)
-    a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
-    y = fk.geglu(a, b, backward_in_place=True)
-    y.backward(dc, retain_graph=True)
-    first = a.grad.clone()
-    assert torch.equal(a, a0) and torch.equal(b, b0)
-    y.backward(dc)
-    assert_close(a.grad, 2 * first, torch.float32)
-
-
-@pytest.mark.parametrize("in_place", [True, False])
-def test_double_backward_is_a_clear_error(in_place):
-    a = randn(3, 8).requires_grad_()
-    b = randn(3, 8).requires_grad_()
-    a0 = a.detach().clone()
-    y = fk.geglu(a * 1, b * 1, "none", in_place)
-    (ga,) = torch.autograd.grad(y.sum(), a, create_graph=True)
-    assert_close(ga, _ref_grads(a0, b.detach(), torch.ones(3, 8), "none")[0], torch.float32,
-                 factor=2)
-    with pytest.raises(RuntimeError, match="not implemented"):
-        ga.sum().backward()
-
-
-def test_in_place_skipped_for_non_contiguous_and_aliased():
-    at = randn(6, 8).t().requires_grad_()
-    bt = randn(6, 8).t()
-    at0 = at.detach().clone()
-    fk.geglu(at, bt, "tanh", True).sum().backward()
-    assert torch.equal(at, at0)
-    x = randn(5, 7).requires_grad_()
-    h = x * 1
-    x0 = h.detach().clone()
-    fk.geglu(h, h, "tanh", True).backward(torch.ones(5, 7))
-    assert torch.equal(h, x0)
-    ga, gb = _ref_grads(x0, x0, torch.ones(5, 7), "tanh")
-    assert_close(x.grad, ga + gb, torch.float32, factor=2)
-
-
-def test_in_place_then_other_reader_fails_loudly():
-    x = randn(4, 16).requires_grad_()
-    a = x * 2
-    s = a.sin()                         # saves a; its backward runs after geglu's
-    y = fk.geglu(a, x * 3, backward_in_place=True)
-    del a
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        (y.sum() + s.sum()).backward()
 
 
 # --- level 5: CUDA kernels -----------------------------------------------------------------
