@@ -33,3 +33,11 @@ cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 __all__ = ["cross_entropy", "fused_add_rms_norm", "fused_linear_cross_entropy", "geglu",
            "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu",
            "nn", "build_info", "cmake_prefix_path"]
+
+
+def __getattr__(name):
+    # fk.transformers imports Hugging Face Transformers, so it loads on first use only.
+    if name == "transformers":
+        import importlib
+        return importlib.import_module(".transformers", __name__)
+    raise AttributeError(f"module 'fk' has no attribute {name!r}")

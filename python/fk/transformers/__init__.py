@@ -1,0 +1,64 @@
+"""fk for Hugging Face Transformers models: one line patches a model instance.
+
+    import fk.transformers
+    model = AutoModelForCausalLM.from_config(config)
+    fk.transformers.apply_fk(model)        # fk kernels in this model (and only this one)
+    fk.transformers.revert_fk(model)       # back to the original, exactly
+
+What is replaced, per module kind (each switched by the keyword of the same name):
+
+- ``rms_norm``: every RMSNorm of the model (including Qwen 3's and Gemma 3's q/k norms and
+  OLMo 2's), with the model's own rounding: Llama-style, Gemma-style (``offset=1``, float32
+  throughout) or OLMo 2-style (float32 product with the weight).
+- ``rope``: the rotate-half rotary embedding in attention (partial rotary where the model
+  has it, e.g. Phi-3 with ``partial_rotary_factor``), q and k in one launch.
+- ``swiglu`` / ``geglu``: the gate of the MLPs (``act(gate_proj(x)) * up_proj(x)``), by the
+  model's activation: SiLU -> swiglu, tanh GELU (Gemma) -> geglu "tanh", exact GELU -> geglu
+  "none"; also Phi-3's stacked ``gate_up_proj`` and the MoE experts of Mixtral / Qwen3-MoE.
+- ``fused_linear_cross_entropy``: in training (``model.training`` and ``labels`` given) the
+  causal-LM loss comes from the hidden states through ``fk.fused_linear_cross_entropy``:
+  the ``(tokens, vocab)`` logits are never built and ``outputs.logits`` is None. Hugging
+  Face's conventions hold: labels shifted inside, ``ignore_index=-100``,
+  ``num_items_in_batch`` (a sum divided by it, for gradient accumulation), ``shift_labels``,
+  ``logits_to_keep``, Gemma's final logit softcapping, Granite's ``logits_scaling``, and the
+  MoE router auxiliary loss. In eval mode or without labels the model's forward runs as
+  before and returns logits.
+- ``cross_entropy``: where logits are built (eval with labels, or with
+  ``fused_linear_cross_entropy=False``), the loss through ``fk.cross_entropy``.
+- ``layer_norm``: any ``torch.nn.LayerNorm`` over the last dimension.
+
+Only instance attributes change; classes, parameters and buffers are untouched, so other
+instances of the same classes keep Hugging Face's code and the state dict is unchanged.
+Mixed dtypes (float32 weights under autocast): the norms cast their weight to the input's
+dtype and return that dtype; the fused loss runs in the autocast dtype.
+"""
+from ._patch import KINDS, apply as _apply, patched, revert as _revert
+from ._table import MODELS
+
+#: The ``config.model_type`` values apply_fk knows.
+SUPPORTED_MODEL_TYPES = tuple(sorted(MODELS))
+
+
+def apply_fk(model, rms_norm: bool = True, rope: bool = True, swiglu: bool = True,
+             geglu: bool = True, cross_entropy: bool = True,
+             fused_linear_cross_entropy: bool = True, layer_norm: bool = True):
+    """Patch ``model`` (a Hugging Face ``PreTrainedModel`` instance: a ``...ForCausalLM`` or
+    its base model) to run fk's kernels. Returns ``model``.
+
+    Raises ``ValueError`` naming the supported model types when ``model.config.model_type``
+    is not one of :data:`SUPPORTED_MODEL_TYPES`. Calling it again re-patches with the new
+    options (it reverts first), so patching twice is the same as patching once.
+    """
+    return _apply(model, dict(rms_norm=rms_norm, rope=rope, swiglu=swiglu, geglu=geglu,
+                              cross_entropy=cross_entropy,
+                              fused_linear_cross_entropy=fused_linear_cross_entropy,
+                              layer_norm=layer_norm))
+
+
+def revert_fk(model):
+    """Undo :func:`apply_fk` on ``model``: every patched module gets back exactly the
+    attributes it had. Harmless on a model that is not patched. Returns ``model``."""
+    return _revert(model)
+
+
+__all__ = ["apply_fk", "revert_fk", "patched", "SUPPORTED_MODEL_TYPES", "KINDS"]

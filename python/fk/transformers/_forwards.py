@@ -1,0 +1,214 @@
+"""The fk forwards that replace Hugging Face ones, one per kind of module.
+
+Each is written once for every model that has that kind of module; per-model differences come
+in as arguments from the table (``_table.py``). ``_patch.py`` binds them to instances.
+"""
+import functools
+import types
+
+import torch
+import torch.nn.functional as F
+
+from ..ops.cross_entropy import cross_entropy
+from ..ops.fused_linear_cross_entropy import fused_linear_cross_entropy
+from ..ops.geglu import geglu
+from ..ops.layer_norm import layer_norm
+from ..ops.rms_norm import rms_norm
+from ..ops.rope import apply_rotary_pos_emb
+from ..ops.swiglu import swiglu
+
+
+# --- gates: (gate, up) -> act(gate) * up --------------------------------------------------
+
+def gate_for(act, swiglu_on, geglu_on):
+    """The fk gate matching the activation module ``act``, or None when fk has none (or the
+    matching kind is switched off)."""
+    from transformers import activations as A
+    if isinstance(act, (A.SiLUActivation, torch.nn.SiLU)):
+        return "swiglu" if swiglu_on else None
+    if isinstance(act, (A.GELUTanh, A.NewGELUActivation)) or (
+            isinstance(act, torch.nn.GELU) and act.approximate == "tanh"):
+        return "geglu_tanh" if geglu_on else None
+    if isinstance(act, A.GELUActivation) or (isinstance(act, torch.nn.GELU)
+                                             and act.approximate == "none"):
+        return "geglu_none" if geglu_on else None
+    return None
+
+
+def _gate(kind, a, b, in_place):
+    if kind == "swiglu":
+        return swiglu(a, b, backward_in_place=in_place)
+    return geglu(a, b, approximate=kind[len("geglu_"):], backward_in_place=in_place)
+
+
+# --- module forwards (bound to an instance: the first argument is the module) -------------
+
+def rms_norm_forward(self, hidden_states, *, norm):
+    weight = self.weight
+    if weight.dtype != hidden_states.dtype:  # e.g. float32 weights under autocast
+        weight = weight.to(hidden_states.dtype)
+    return rms_norm(hidden_states, weight, getattr(self, norm.eps_attr), norm.offset,
+                    norm.casting_mode)
+
+
+def layer_norm_forward(self, x):
+    return layer_norm(x, self.weight, self.bias, self.eps)
+
+
+def mlp_forward(self, x, *, gate):
+    # The projections' outputs are read by nothing but the gate, so its backward may write
+    # the gradients over them.
+    return self.down_proj(_gate(gate, self.gate_proj(x), self.up_proj(x), True))
+
+
+def fused_mlp_forward(self, x, *, gate):
+    g, u = self.gate_up_proj(x).chunk(2, dim=-1)
+    return self.down_proj(_gate(gate, g, u, False))
+
+
+def experts_apply_gate(self, gate_up_out, *, gate):
+    g, u = gate_up_out.chunk(2, dim=-1)
+    return _gate(gate, g, u, False)
+
+
+def experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """Experts with the gate through ``self._apply_gate``. Hugging Face's batched
+    implementations already call it; its eager loop calls ``act_fn(gate) * up`` inline, so
+    for ``experts_implementation="eager"`` this is that loop with the gate replaced."""
+    if getattr(self.config, "_experts_implementation", "eager") != "eager":
+        return type(self).forward(self, hidden_states, top_k_index, top_k_weights)
+    out = torch.zeros_like(hidden_states)
+    with torch.no_grad():
+        mask = F.one_hot(top_k_index, num_classes=self.num_experts).permute(2, 1, 0)
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for e in hit:
+        e = e[0]
+        if e == self.num_experts:
+            continue
+        pos, tok = torch.where(mask[e])
+        h = self._apply_gate(F.linear(hidden_states[tok], self.gate_up_proj[e]))
+        h = F.linear(h, self.down_proj[e]) * top_k_weights[tok, pos, None]
+        out.index_add_(0, tok, h.to(out.dtype))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def rope_forward(cls):
+    """``cls.forward`` with the name ``apply_rotary_pos_emb`` resolving to fk's: the same code
+    object, run against a copy of its module's globals. The class is left untouched."""
+    f = cls.forward
+    scope = dict(f.__globals__, apply_rotary_pos_emb=apply_rotary_pos_emb)
+    g = types.FunctionType(f.__code__, scope, f.__name__, f.__defaults__, f.__closure__)
+    g.__kwdefaults__ = f.__kwdefaults__
+    g.__qualname__, g.__doc__, g.__module__ = f.__qualname__, f.__doc__, f.__module__
+    return g
+
+
+# --- losses -------------------------------------------------------------------------------
+
+def _shifted(labels, ignore_index, shift_labels):
+    if shift_labels is None:  # position i predicts token i + 1; the last predicts nothing
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    return shift_labels.reshape(-1)
+
+
+def _normalize(loss, num_items_in_batch):
+    if num_items_in_batch is None:
+        return loss
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+def causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100,
+                   shift_labels=None, **kwargs):
+    """Hugging Face's ``ForCausalLMLoss`` on fk's cross entropy: shifted labels,
+    ``ignore_index``, a sum divided by ``num_items_in_batch`` when given, else the mean. The
+    logits are returned to the caller too, so the gradient gets its own buffer."""
+    target = _shifted(labels, ignore_index, shift_labels).to(logits.device)
+    loss = cross_entropy(logits.reshape(-1, vocab_size), target, ignore_index=ignore_index,
+                         reduction="mean" if num_items_in_batch is None else "sum",
+                         grad_in_logits=False)
+    return _normalize(loss, num_items_in_batch)
+
+
+def linear_causal_lm_loss(hidden, lm_head, labels, *, scale=None, softcap=None,
+                          num_items_in_batch=None, ignore_index=-100, shift_labels=None):
+    """The same loss from the hidden states, through fk's fused linear cross entropy: the
+    ``(tokens, vocab)`` logits are never built."""
+    x = hidden.reshape(-1, hidden.shape[-1])
+    if scale is not None:
+        x = x / scale
+    weight, bias = lm_head.weight, lm_head.bias
+    device = x.device.type
+    if torch.is_autocast_enabled(device):  # the head's matmul would have run in this dtype
+        dtype = torch.get_autocast_dtype(device)
+        x, weight = x.to(dtype), weight.to(dtype)
+        bias = bias.to(dtype) if bias is not None else None
+    elif x.dtype != weight.dtype:
+        x = x.to(weight.dtype)
+    target = _shifted(labels, ignore_index, shift_labels).to(x.device)
+    loss = fused_linear_cross_entropy(
+        x, weight, target, bias, ignore_index=ignore_index, softcap=softcap,
+        reduction="mean" if num_items_in_batch is None else "sum")
+    return _normalize(loss, num_items_in_batch)
+
+
+def causal_lm_forward(self, *args, spec, modeling, **kwargs):
+    """``...ForCausalLM.forward``: in training with labels, the loss comes from the hidden
+    states through ``linear_causal_lm_loss`` and ``logits`` is None; otherwise the model's own
+    forward runs (logits as before; its loss through ``self.loss_function``)."""
+    original = type(self).forward
+    if args:  # positional arguments, named as the original names them
+        names = list(_parameters(original))[1:]
+        kwargs.update(zip(names, args))
+    if kwargs.get("labels") is None or not self.training:
+        return original(self, **kwargs)
+    return _training_forward(self, spec=spec, modeling=modeling, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(f):
+    import inspect
+    return tuple(inspect.signature(f).parameters)
+
+
+def _training_forward(self, input_ids=None, attention_mask=None, position_ids=None,
+                      past_key_values=None, inputs_embeds=None, labels=None, use_cache=None,
+                      logits_to_keep=0, output_router_logits=None, return_dict=None, *,
+                      spec, modeling, **kwargs):
+    from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
+    config = self.config
+    extra = {}
+    if spec.moe:
+        if output_router_logits is None:
+            output_router_logits = config.output_router_logits
+        extra["output_router_logits"] = output_router_logits
+    outputs = getattr(self, self.base_model_prefix)(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+        past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+        **extra, **kwargs)
+    hidden = outputs.last_hidden_state
+    keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+    loss = linear_causal_lm_loss(
+        hidden[:, keep, :], self.lm_head, labels,
+        scale=config.logits_scaling if spec.logits_scaling else None,
+        softcap=config.final_logit_softcapping if spec.softcap else None,
+        num_items_in_batch=kwargs.get("num_items_in_batch"),
+        ignore_index=kwargs.get("ignore_index", -100), shift_labels=kwargs.get("shift_labels"))
+    common = dict(loss=loss, logits=None, past_key_values=outputs.past_key_values,
+                  hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+    if spec.moe:
+        aux_loss = None
+        if output_router_logits:
+            aux_loss = modeling.load_balancing_loss_func(
+                outputs.router_logits, self.num_experts, self.num_experts_per_tok,
+                attention_mask)
+            loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
+        out = MoeCausalLMOutputWithPast(**dict(common, loss=loss), aux_loss=aux_loss,
+                                        router_logits=outputs.router_logits)
+    else:
+        out = CausalLMOutputWithPast(**common)
+    if return_dict is None:
+        return_dict = config.return_dict
+    return out if return_dict else out.to_tuple()

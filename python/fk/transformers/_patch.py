@@ -1,0 +1,118 @@
+"""The one mechanism: find the table's classes in a model and bind fk forwards to those
+instances, remembering what each instance held so that ``revert`` restores it exactly.
+
+Only instance attributes change (``forward``, ``_apply_gate``, ``_loss_function``); classes,
+parameters and buffers are never touched, so other models of the same class are unaffected
+and the state dict stays the same.
+"""
+import collections
+import functools
+import importlib
+from types import MethodType
+
+import torch
+
+from . import _forwards as fw
+from ._table import MODELS
+
+_SAVED = "_fk_saved"  # per patched module: {"kind": str, "attrs": {name: (present, value)}}
+
+KINDS = ("rms_norm", "rope", "swiglu", "geglu", "cross_entropy", "fused_linear_cross_entropy",
+         "layer_norm")
+
+
+def _set(module, kind, **attrs):
+    d = module.__dict__
+    saved = d.setdefault(_SAVED, {"kind": kind, "attrs": {}})
+    for name, value in attrs.items():
+        if name not in saved["attrs"]:
+            saved["attrs"][name] = (name in d, d.get(name))
+        d[name] = value
+
+
+def _bind(module, f, **kw):
+    return MethodType(functools.partial(f, **kw) if kw else f, module)
+
+
+def unsupported_message(model_type):
+    return (f"fk.transformers.apply_fk: model type {model_type!r} is not supported; supported "
+            f"model types: {', '.join(sorted(MODELS))}")
+
+
+def apply(model, flags):
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    spec = MODELS.get(model_type)
+    if spec is None:
+        raise ValueError(unsupported_message(model_type))
+    unknown = set(flags) - set(KINDS)
+    if unknown:
+        raise TypeError(f"fk.transformers.apply_fk: unknown option(s) {sorted(unknown)}; "
+                        f"options: {', '.join(KINDS)}")
+    modeling = importlib.import_module(f"transformers.models.{spec.module}.modeling_{spec.module}")
+
+    def classes(names):
+        return tuple(getattr(modeling, n) for n in names)
+
+    norms, mlps, fused_mlps, experts, attentions = map(
+        classes, (spec.rms_norms, spec.mlps, spec.fused_mlps, spec.experts, spec.attentions))
+    causal_lm = getattr(modeling, spec.causal_lm) if spec.causal_lm else None
+
+    revert(model)  # patching twice gives the same model as patching once
+    for m in model.modules():
+        t = type(m)
+        if t in norms:
+            if flags["rms_norm"]:
+                _set(m, "rms_norm", forward=_bind(m, fw.rms_norm_forward, norm=spec.norm))
+        elif t in mlps or t in fused_mlps or t in experts:
+            act = m.activation_fn if t in fused_mlps else m.act_fn
+            gate = fw.gate_for(act, flags["swiglu"], flags["geglu"])
+            if gate is None:
+                continue
+            kind = "swiglu" if gate == "swiglu" else "geglu"
+            if t in mlps:
+                _set(m, kind, forward=_bind(m, fw.mlp_forward, gate=gate))
+            elif t in fused_mlps:
+                _set(m, kind, forward=_bind(m, fw.fused_mlp_forward, gate=gate))
+            else:
+                _set(m, kind, _apply_gate=_bind(m, fw.experts_apply_gate, gate=gate),
+                     forward=_bind(m, fw.experts_forward))
+        elif t in attentions:
+            if flags["rope"]:
+                _set(m, "rope", forward=MethodType(fw.rope_forward(t), m))
+        elif t is causal_lm:
+            if flags["fused_linear_cross_entropy"]:
+                _set(m, "fused_linear_cross_entropy",
+                     forward=_bind(m, fw.causal_lm_forward, spec=spec, modeling=modeling))
+            if flags["cross_entropy"] and getattr(m, "loss_type", None) in (None, "ForCausalLM"):
+                _set(m, "cross_entropy", _loss_function=fw.causal_lm_loss)
+        elif t is torch.nn.LayerNorm:
+            if flags["layer_norm"] and len(m.normalized_shape) == 1:
+                _set(m, "layer_norm", forward=_bind(m, fw.layer_norm_forward))
+    return model
+
+
+def revert(model):
+    for m in model.modules():
+        saved = m.__dict__.pop(_SAVED, None)
+        if saved is None:
+            continue
+        for name, (present, value) in saved["attrs"].items():
+            if present:
+                m.__dict__[name] = value
+            else:
+                m.__dict__.pop(name, None)
+    return model
+
+
+def patched(model):
+    """{kind: number of modules} that fk currently replaces in ``model``."""
+    counts = collections.Counter()
+    for m in model.modules():
+        saved = m.__dict__.get(_SAVED)
+        if saved is not None:
+            kinds = [saved["kind"]]
+            if "_loss_function" in saved["attrs"] and saved["kind"] != "cross_entropy":
+                kinds.append("cross_entropy")
+            counts.update(kinds)
+    return dict(counts)

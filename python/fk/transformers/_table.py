@@ -1,0 +1,60 @@
+"""Which Hugging Face classes fk replaces, per model type.
+
+One row per ``config.model_type``. A row names classes of the model's modeling module; the
+generic mechanism in ``_patch.py`` finds their instances in a model and gives each the fk
+forward of its kind (``_forwards.py``). Nothing here is model code.
+"""
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """How a model's RMSNorm rounds: see ``fk.rms_norm``'s ``casting_mode``."""
+    offset: float
+    casting_mode: str
+    eps_attr: str
+
+
+LLAMA_NORM = NormSpec(offset=0.0, casting_mode="llama", eps_attr="variance_epsilon")
+# Gemma stores weight - 1 and computes everything in float32, rounding once at the end.
+GEMMA_NORM = NormSpec(offset=1.0, casting_mode="gemma", eps_attr="eps")
+# OLMo 2 multiplies the float32 normalized values by the weight before rounding.
+OLMO2_NORM = NormSpec(offset=0.0, casting_mode="gemma", eps_attr="variance_epsilon")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    module: str                       # the modeling module, under transformers.models
+    norm: NormSpec
+    rms_norms: Tuple[str, ...]        # RMSNorm classes (every norm of the model: q/k norms too)
+    mlps: Tuple[str, ...] = ()        # gate_proj / up_proj / down_proj / act_fn MLPs
+    fused_mlps: Tuple[str, ...] = ()  # gate_up_proj / down_proj / activation_fn (Phi-3)
+    experts: Tuple[str, ...] = ()     # MoE experts with a stacked gate_up_proj parameter
+    attentions: Tuple[str, ...] = ()  # call the module-level apply_rotary_pos_emb
+    causal_lm: Optional[str] = None   # the ...ForCausalLM class
+    moe: bool = False                 # router aux loss (output_router_logits)
+    logits_scaling: bool = False      # logits divided by config.logits_scaling (Granite)
+    softcap: bool = False             # config.final_logit_softcapping (Gemma 2 / 3)
+
+
+def _dense(prefix, module, norm=LLAMA_NORM, **kw):
+    return ModelSpec(module=module, norm=norm, rms_norms=(f"{prefix}RMSNorm",),
+                     mlps=kw.pop("mlps", (f"{prefix}MLP",)), attentions=(f"{prefix}Attention",),
+                     causal_lm=f"{prefix}ForCausalLM", **kw)
+
+
+MODELS = {
+    "llama": _dense("Llama", "llama"),
+    "mistral": _dense("Mistral", "mistral"),
+    "mixtral": _dense("Mixtral", "mixtral", mlps=(), experts=("MixtralExperts",), moe=True),
+    "qwen2": _dense("Qwen2", "qwen2"),
+    "qwen3": _dense("Qwen3", "qwen3"),
+    "qwen3_moe": _dense("Qwen3Moe", "qwen3_moe", experts=("Qwen3MoeExperts",), moe=True),
+    "gemma": _dense("Gemma", "gemma", norm=GEMMA_NORM),
+    "gemma2": _dense("Gemma2", "gemma2", norm=GEMMA_NORM, softcap=True),
+    "gemma3_text": _dense("Gemma3", "gemma3", norm=GEMMA_NORM, softcap=True),
+    "phi3": _dense("Phi3", "phi3", mlps=(), fused_mlps=("Phi3MLP",)),
+    "olmo2": _dense("Olmo2", "olmo2", norm=OLMO2_NORM),
+    "granite": _dense("Granite", "granite", logits_scaling=True),
+}
