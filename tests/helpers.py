@@ -207,3 +207,50 @@ def ref_fused_linear_cross_entropy(x, weight, target, bias=None, ce_weight=None,
     if x.dtype != torch.float64:
         logits = logits.to(x.dtype).double()
     return ref_cross_entropy(logits, target, ce_weight, **kwargs)
+
+
+# --- Hugging Face models for fk.transformers ----------------------------------------------
+
+HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma",
+                  "gemma2", "gemma3_text", "phi3", "olmo2", "granite")
+
+# What makes each model type differ from Llama, switched on in its tiny config so that the
+# tests exercise it: MoE experts and the router loss, q/k norms, softcapping, partial rotary,
+# Granite's multipliers.
+_HF_EXTRA = {
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, output_router_logits=True,
+                    router_aux_loss_coef=0.02),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                      mlp_only_layers=[1], output_router_logits=True, router_aux_loss_coef=0.02),
+    "gemma2": dict(final_logit_softcapping=5.0, attn_logit_softcapping=50.0,
+                   query_pre_attn_scalar=16, sliding_window=8),
+    "gemma3_text": dict(final_logit_softcapping=5.0, query_pre_attn_scalar=16, sliding_window=8),
+    "phi3": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                  "partial_rotary_factor": 0.5}),
+    "granite": dict(logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5,
+                    attention_multiplier=0.2),
+}
+
+
+def tiny_hf_model(model_type, dtype=torch.float32, seed=0, **overrides):
+    """A randomly initialised ``...ForCausalLM`` of ``model_type`` with a few thousand
+    parameters (2 layers, hidden 64, 4 heads of 16, 2 kv heads, vocab 96), eager attention."""
+    from transformers import AutoModelForCausalLM, CONFIG_MAPPING
+    kw = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+              tie_word_embeddings=False, pad_token_id=0)
+    if model_type != "phi3":
+        kw["head_dim"] = 16
+    kw.update(_HF_EXTRA.get(model_type, {}))
+    kw.update(overrides)
+    config = CONFIG_MAPPING[model_type](**kw)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    # Norm weights start at 1 (Gemma's at 0): perturb them so that their gradients and the
+    # per-element scaling are exercised.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model

@@ -45,10 +45,6 @@ def apply(model, flags):
     spec = MODELS.get(model_type)
     if spec is None:
         raise ValueError(unsupported_message(model_type))
-    unknown = set(flags) - set(KINDS)
-    if unknown:
-        raise TypeError(f"fk.transformers.apply_fk: unknown option(s) {sorted(unknown)}; "
-                        f"options: {', '.join(KINDS)}")
     modeling = importlib.import_module(f"transformers.models.{spec.module}.modeling_{spec.module}")
 
     def classes(names):

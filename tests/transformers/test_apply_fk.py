@@ -1,0 +1,288 @@
+"""fk.transformers.apply_fk / revert_fk: what is patched, per instance and reversibly, the
+causal-LM loss conventions, generation, and clear errors."""
+import collections
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from helpers import HF_MODEL_TYPES, tiny_hf_model
+
+transformers = pytest.importorskip("transformers")
+import fk.transformers as ft  # noqa: E402
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+class FkOps(TorchDispatchMode):
+    """Counts the fk operators that run."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "fk":
+            self.count[func.__name__.split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _batch(device="cpu", batch=2, seq=12, vocab=96, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+    labels = ids.clone()
+    labels[0, :2] = -100
+    return ids, labels
+
+
+def _module_state(model):
+    return {name: dict(m.__dict__) for name, m in model.named_modules()}
+
+
+def _expected_kinds(model, model_type):
+    """What apply_fk should replace in a tiny model, counted from the model's own classes."""
+    names = collections.Counter(type(m).__name__ for m in model.modules())
+    gate = "geglu" if model_type.startswith("gemma") else "swiglu"
+    mlps = sum(n for c, n in names.items() if c.endswith("MLP") or c.endswith("Experts"))
+    return {"rms_norm": sum(n for c, n in names.items() if c.endswith("RMSNorm")),
+            "rope": sum(n for c, n in names.items() if c.endswith("Attention")),
+            gate: mlps, "fused_linear_cross_entropy": 1, "cross_entropy": 1}
+
+
+@pytest.mark.parametrize("model_type", HF_MODEL_TYPES)
+def test_patches_every_module_and_kernels_run(model_type):
+    model = tiny_hf_model(model_type)
+    ft.apply_fk(model)
+    expected = _expected_kinds(model, model_type)
+    assert ft.patched(model) == expected
+    ids, labels = _batch()
+    model.train()
+    with FkOps() as ops:
+        model(input_ids=ids, labels=labels).loss.backward()
+    gate = "geglu" if model_type.startswith("gemma") else "swiglu"
+    assert ops.count["_rms_norm_forward"] == expected["rms_norm"]
+    assert ops.count["_rms_norm_backward"] == expected["rms_norm"]
+    assert ops.count["rope"] == expected["rope"]
+    assert ops.count[gate] >= 1  # MoE experts run once per expert that received tokens
+    assert ops.count["_fused_linear_cross_entropy_forward"] == 1
+
+
+@pytest.mark.parametrize("model_type", HF_MODEL_TYPES)
+def test_revert_restores_the_model_exactly(model_type):
+    model = tiny_hf_model(model_type)
+    pristine = copy.deepcopy(model)
+    before = _module_state(model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    ft.apply_fk(model)
+    assert _module_state(model) != before
+    ft.revert_fk(model)
+    after = _module_state(model)
+    assert after.keys() == before.keys()
+    for name in before:  # the very same attribute objects, no extra attributes
+        assert after[name].keys() == before[name].keys(), name
+        assert all(after[name][k] is before[name][k] for k in before[name]), name
+    assert ft.patched(model) == {}
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state[k]), k
+    ids, labels = _batch()
+    model.train(), pristine.train()
+    out, ref = model(input_ids=ids, labels=labels), pristine(input_ids=ids, labels=labels)
+    assert torch.equal(out.loss, ref.loss) and torch.equal(out.logits, ref.logits)
+
+
+def test_patching_twice_is_patching_once():
+    once, twice = tiny_hf_model("qwen3"), tiny_hf_model("qwen3")
+    ft.apply_fk(once)
+    ft.apply_fk(twice)
+    ft.apply_fk(twice)
+    assert ft.patched(twice) == ft.patched(once)
+    ids, labels = _batch()
+    once.train(), twice.train()
+    assert torch.equal(twice(input_ids=ids, labels=labels).loss,
+                       once(input_ids=ids, labels=labels).loss)
+    ft.revert_fk(twice)  # one revert undoes both
+    assert ft.patched(twice) == {}
+    assert all("forward" not in m.__dict__ for m in twice.modules())
+    ft.revert_fk(twice)  # harmless on an unpatched model
+
+
+def test_patching_again_with_other_options_replaces_the_first():
+    model = tiny_hf_model("llama")
+    ft.apply_fk(model)
+    ft.apply_fk(model, rope=False, swiglu=False)
+    kinds = ft.patched(model)
+    assert "rope" not in kinds and "swiglu" not in kinds and kinds["rms_norm"] == 5
+
+
+def test_only_the_given_instance_is_patched():
+    a, b = tiny_hf_model("llama"), tiny_hf_model("llama")
+    ft.apply_fk(a)
+    assert ft.patched(b) == {}
+    ids, labels = _batch()
+    b.train()
+    with FkOps() as ops:
+        out = b(input_ids=ids, labels=labels)
+    assert not ops.count and out.logits is not None
+
+
+@pytest.mark.parametrize("option", ft.KINDS)
+def test_each_option_switches_its_kind_off(option):
+    model_type = {"geglu": "gemma", "layer_norm": "llama"}.get(option, "llama")
+    model = tiny_hf_model(model_type)
+    if option == "layer_norm":  # none of the supported models has one: add one
+        model.model.extra_norm = torch.nn.LayerNorm(64)
+    ft.apply_fk(model)
+    assert option in ft.patched(model)
+    ft.apply_fk(model, **{option: False})
+    assert option not in ft.patched(model)
+
+
+def test_layer_norm_modules_run_fk():
+    model = tiny_hf_model("llama")
+    model.model.extra_norm = torch.nn.LayerNorm(64)
+    ft.apply_fk(model)
+    x = torch.randn(3, 64)
+    with FkOps() as ops:
+        y = model.model.extra_norm(x)
+    assert ops.count["layer_norm"] + ops.count["_layer_norm_forward"] >= 1
+    torch.testing.assert_close(y, F.layer_norm(x, (64,), model.model.extra_norm.weight,
+                                               model.model.extra_norm.bias))
+
+
+def test_unsupported_model_type_names_the_supported_ones():
+    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)
+    model = transformers.GPT2LMHeadModel(config)
+    with pytest.raises(ValueError) as e:
+        ft.apply_fk(model)
+    msg = str(e.value)
+    assert "'gpt2' is not supported" in msg
+    assert all(t in msg for t in ft.SUPPORTED_MODEL_TYPES)
+    assert ft.patched(model) == {}
+    with pytest.raises(ValueError, match="not supported"):
+        ft.apply_fk(torch.nn.Linear(2, 2))
+
+
+# --- the causal-LM loss --------------------------------------------------------------------
+
+def _pair(model_type="llama", **kw):
+    ref = tiny_hf_model(model_type, **kw)
+    model = copy.deepcopy(ref)
+    ft.apply_fk(model)
+    return model, ref
+
+
+def test_training_loss_has_no_logits_and_matches():
+    model, ref = _pair()
+    ids, labels = _batch()
+    model.train(), ref.train()
+    out, want = model(input_ids=ids, labels=labels), ref(input_ids=ids, labels=labels)
+    assert out.logits is None
+    torch.testing.assert_close(out.loss, want.loss)
+    tup = model(input_ids=ids, labels=labels, return_dict=False)
+    assert isinstance(tup, tuple)
+    torch.testing.assert_close(tup[0], want.loss)
+
+
+def test_eval_returns_logits_and_loss_through_fk_cross_entropy():
+    model, ref = _pair()
+    ids, labels = _batch()
+    model.eval(), ref.eval()
+    with torch.no_grad(), FkOps() as ops:
+        out = model(input_ids=ids, labels=labels)
+    want = ref(input_ids=ids, labels=labels)
+    assert ops.count["_cross_entropy_forward"] == 1
+    torch.testing.assert_close(out.logits, want.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss, want.loss)
+    # The loss must not have written its gradient into the returned logits.
+    torch.testing.assert_close(out.logits, want.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_logits_built_when_fused_loss_is_off():
+    model, ref = _pair()
+    ft.apply_fk(model, fused_linear_cross_entropy=False)
+    ids, labels = _batch()
+    model.train(), ref.train()
+    with FkOps() as ops:
+        out = model(input_ids=ids, labels=labels)
+        out.loss.backward()
+    want = ref(input_ids=ids, labels=labels)
+    want.loss.backward()
+    assert ops.count["_cross_entropy_forward"] == 1 and out.logits is not None
+    torch.testing.assert_close(out.loss, want.loss)
+    torch.testing.assert_close(model.lm_head.weight.grad, ref.lm_head.weight.grad)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma2", "granite", "qwen3_moe"])
+def test_num_items_in_batch_and_shift_labels(model_type):
+    model, ref = _pair(model_type)
+    ids, labels = _batch()
+    model.train(), ref.train()
+    n = torch.tensor(7)
+    out = model(input_ids=ids, labels=labels, num_items_in_batch=n)
+    want = ref(input_ids=ids, labels=labels, num_items_in_batch=n)
+    torch.testing.assert_close(out.loss, want.loss)
+    out.loss.backward(), want.loss.backward()
+    torch.testing.assert_close(model.lm_head.weight.grad, ref.lm_head.weight.grad,
+                               atol=1e-6, rtol=1e-5)
+    # shift_labels given: the labels are used as they are, not shifted again.
+    shift = F.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+    out = model(input_ids=ids, labels=labels, shift_labels=shift)
+    want = ref(input_ids=ids, labels=labels, shift_labels=shift)
+    torch.testing.assert_close(out.loss, want.loss)
+
+
+def test_logits_to_keep_in_training():
+    model, ref = _pair()
+    ids, labels = _batch()
+    model.train(), ref.train()
+    out = model(input_ids=ids, labels=labels[:, -5:], logits_to_keep=5)
+    want = ref(input_ids=ids, labels=labels[:, -5:], logits_to_keep=5)
+    torch.testing.assert_close(out.loss, want.loss)
+
+
+def test_moe_router_aux_loss_is_added():
+    model, ref = _pair("mixtral")
+    ids, labels = _batch()
+    model.train(), ref.train()
+    out = model(input_ids=ids, labels=labels, output_router_logits=True)
+    want = ref(input_ids=ids, labels=labels, output_router_logits=True)
+    assert out.aux_loss is not None and out.router_logits is not None
+    torch.testing.assert_close(out.aux_loss, want.aux_loss)
+    torch.testing.assert_close(out.loss, want.loss)
+    no_aux = model(input_ids=ids, labels=labels, output_router_logits=False)
+    assert no_aux.aux_loss is None
+    torch.testing.assert_close(out.loss - no_aux.loss,
+                               model.router_aux_loss_coef * out.aux_loss)
+
+
+def test_autocast_with_float32_weights():
+    """bf16 autocast over a float32 model (what mixed-precision trainers do)."""
+    model, ref = _pair("qwen3")
+    ids, labels = _batch()
+    model.train(), ref.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(input_ids=ids, labels=labels)
+        want = ref(input_ids=ids, labels=labels)
+    out.loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    torch.testing.assert_close(out.loss, want.loss, atol=3e-2, rtol=0)
+
+
+# --- generation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("model_type", ["llama", "qwen3_moe", "gemma2", "phi3", "olmo2"])
+def test_generate_matches_unpatched(model_type, device):
+    model, ref = _pair(model_type)
+    model.to(device), ref.to(device)
+    for m in (model, ref):  # Hugging Face's router loss fails under generate with a mask
+        m.config.output_router_logits = False
+    ids = _batch(device, batch=2, seq=5)[0]
+    mask = torch.ones_like(ids)
+    kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with FkOps() as ops:
+        got = model.generate(ids, **kw)
+    assert ops.count["rope"] > 0
+    assert torch.equal(got, ref.generate(ids, **kw))
