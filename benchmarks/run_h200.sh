@@ -35,6 +35,10 @@ if [[ $STEPS == *tests* ]]; then
   FK_BLOCK_TRITON=1 python3 -m pytest tests/integration -q -p no:cacheprovider 2>&1 \
     | tee "$OUT/tests_integration.log" | tail -5
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  # Hugging Face models patched by fk.transformers: convergence and generate on this GPU.
+  FK_BLOCK_TRITON=1 python3 -m pytest tests/transformers -m cuda -q -p no:cacheprovider 2>&1 \
+    | tee "$OUT/tests_transformers.log" | tail -5
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   # torch.compile, opcheck and torch's dispatch modes (a TorchDispatchMode test) import triton
   # through torch itself when it is installed.
   FK_CHECK_NO_TRITON=1 python3 -m pytest tests/ops -m cuda \
