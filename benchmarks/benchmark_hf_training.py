@@ -239,7 +239,7 @@ def check(res, args, vocab):
         lines.append(f"{'PASS' if d <= tol else 'FAIL'} sanity: fk's first loss is within {tol} "
                      f"of eager's ({d:.2e})")
     for name in ("eager", "fk"):
-        if "error" in res.get(name, {"error": "not run"}):
+        if "error" in res.get(name, {}):
             ok = False
     targets = []
     e, f, lg = res.get("eager", {}), res.get("fk", {}), res.get("liger", {})
@@ -256,16 +256,17 @@ def check(res, args, vocab):
         targets.append((f["ms"] <= lg["ms"], f"fk step {lg['ms'] / f['ms']:.2f}x Liger's speed "
                                              f"(target >= 1.00x)"))
     elif "liger" in res:
-        targets.append((False, "fk at least as fast as Liger: not measured (Liger did not run)"))
+        targets.append((None, "fk at least as fast as Liger: not measured (Liger did not run)"))
     if args.device != "cuda":
-        targets.append((False, "peak memory: not measured on CPU"))
+        targets.append((None, "fk peak memory below eager: not measured on CPU"))
     print()
     for ln in lines:
         print(ln)
     where = "" if args.device == "cuda" and not args.tiny else " (smoke run: the targets are for the 1B model on an H200)"
     for passed, text in targets:
-        print(f"{'PASS' if passed else 'FAIL'} target: {text}{where}")
-    if args.check_targets and not all(p for p, _ in targets):
+        verdict = "N/A" if passed is None else "PASS" if passed else "FAIL"
+        print(f"{verdict} target: {text}{where}")
+    if args.check_targets and not all(p for p, _ in targets):  # N/A counts as missed
         ok = False
     return ok
 
