@@ -228,7 +228,9 @@ def check(res, args, vocab):
     ok, lines = True, []
     ln_v = math.log(vocab)
     for name, r in res.items():
-        if "losses" in r and abs(r["losses"][0] - ln_v) > 0.5:
+        # Tied random embeddings (std 0.02) give logits of std about 0.02 * sqrt(hidden), 0.9
+        # at hidden 2048, which puts the first loss about 0.4 above ln(vocab).
+        if "losses" in r and abs(r["losses"][0] - ln_v) > 1.0:
             ok = False
             lines.append(f"FAIL sanity: {name}'s first loss {r['losses'][0]:.4f} is not near "
                          f"ln({vocab}) = {ln_v:.4f}")
