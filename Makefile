@@ -1,5 +1,5 @@
 # The two commands of the README:
-#   make demo   set up, build fk, train a tiny model with fk kernels (GPU if present, else CPU)
+#   make demo   set up, build fk, train a tiny Llama with and without fk (GPU if present, else CPU)
 #   make test   set up, build fk, run the whole test suite
 # Other targets: setup, wheel, install, bench, clean.
 PYTHON ?= python3

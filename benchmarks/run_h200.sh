@@ -6,6 +6,8 @@
 #   cold   first-call latency in fresh processes (fk, torch.compile, Liger)
 #   bench  the op benchmarks at Llama-3-8B shapes, each twice (the spread is the noise);
 #          BENCH_OPS="rope softmax" picks some
+#   hf     full training steps of a ~1B Llama (Llama-3.2-1B shape): eager HF, fk, Liger
+#          (benchmarks/benchmark_hf_training.py; HF_ARGS is passed on, e.g. "--batch 4")
 # Logs and CSVs go to $OUT (default ./gpu_out).
 set -uo pipefail
 STEPS=${1:-tests,cold,bench}
@@ -68,5 +70,11 @@ if [[ $STEPS == *bench* ]]; then
         --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench_$op.log"
     done
   done
+fi
+if [[ $STEPS == *hf* ]]; then
+  # Each provider in its own process; the CSV goes to $OUT, the targets' PASS/FAIL to the log.
+  python3 benchmarks/benchmark_hf_training.py --out "$OUT" ${HF_ARGS:-} 2>&1 \
+    | tee "$OUT/hf_training.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
 fi
 exit $rc
