@@ -26,4 +26,10 @@ at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight
 // The version of the torch this libfk was built against, e.g. "2.11.0+cu130".
 const char* built_torch_version();
 
+// silu(x @ w_gate^T) * (x @ w_up^T) in one GEMM kernel. x: (..., K); w_gate, w_up: (N, K)
+// (nn.Linear weights) of x's dtype and device; result (..., N). recompute: keep only x and
+// the weights for the backward, which then repeats the forward GEMM.
+at::Tensor swiglu_linear(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
+                         bool recompute = false);
+
 }  // namespace fk

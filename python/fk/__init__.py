@@ -17,10 +17,11 @@ load_library()
 from . import nn  # noqa: E402
 from .ops.rms_norm import rms_norm  # noqa: E402
 from .ops.swiglu import swiglu  # noqa: E402
+from .ops.swiglu_linear import swiglu_linear  # noqa: E402
 
 __version__ = "0.1.0"
 
 #: Pass to CMake (CMAKE_PREFIX_PATH) so that ``find_package(fk)`` finds this installation.
 cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
-__all__ = ["swiglu", "rms_norm", "nn", "build_info", "cmake_prefix_path"]
+__all__ = ["swiglu", "rms_norm", "swiglu_linear", "nn", "build_info", "cmake_prefix_path"]

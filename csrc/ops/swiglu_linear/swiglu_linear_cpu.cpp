@@ -1,0 +1,68 @@
+// CPU reference of fk::swiglu_linear in plain ATen: products accumulated in fp32 (fp64 for
+// fp64 inputs), SiLU and the factors in that precision, each output rounded once to x's
+// dtype. da and db are rounded to x's dtype before the backward products, as the GPU
+// kernels feed them to the tensor cores.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "ops/swiglu_linear/swiglu_linear.h"
+#include "runtime/checks.h"
+
+namespace fk::ops {
+namespace {
+
+// (rows, last dim) view of t; also for empty tensors, where -1 would be ambiguous.
+at::Tensor rows(const at::Tensor& t) {
+  return t.reshape({c10::multiply_integers(t.sizes().slice(0, t.dim() - 1)), t.size(-1)});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_forward_cpu(
+    const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
+    std::array<bool, 2> output_mask) {
+  check_swiglu_linear(x, w_gate, w_up);
+  const auto acc = checks::acc_type(x);
+  const auto dtype = x.scalar_type();
+  auto sizes = x.sizes().vec();
+  sizes.back() = w_gate.size(0);
+  auto xf = rows(x).to(acc);
+  auto a = at::matmul(xf, w_gate.to(acc).t());
+  auto b = at::matmul(xf, w_up.to(acc).t());
+  auto sig = at::sigmoid(a);
+  auto silu = a * sig;
+  at::Tensor z, s, t;
+  if (output_mask[0]) z = (silu * b).to(dtype).reshape(sizes).contiguous();
+  if (output_mask[1]) {
+    s = silu.to(dtype).reshape(sizes).contiguous();
+    t = (b * (sig + silu * (1 - sig))).to(dtype).reshape(sizes).contiguous();
+  }
+  return {z, s, t};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_backward_cpu(
+    const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& w_gate,
+    const at::Tensor& w_up, const at::Tensor& s, const at::Tensor& t,
+    std::array<bool, 3> output_mask) {
+  check_swiglu_linear_backward(grad_out, x, w_gate, w_up, s, t);
+  const auto acc = checks::acc_type(x);
+  const auto dtype = x.scalar_type();
+  auto dz = rows(grad_out).to(acc);
+  auto da = (dz * rows(t).to(acc)).to(dtype).to(acc);
+  auto db = (dz * rows(s).to(acc)).to(dtype).to(acc);
+  at::Tensor dx, dwg, dwu;
+  if (output_mask[0]) {
+    dx = (at::matmul(da, w_gate.to(acc)) + at::matmul(db, w_up.to(acc)))
+             .to(dtype).reshape(x.sizes()).contiguous();
+  }
+  auto xf = rows(x).to(acc);
+  if (output_mask[1]) dwg = at::matmul(da.t(), xf).to(dtype).contiguous();
+  if (output_mask[2]) dwu = at::matmul(db.t(), xf).to(dtype).contiguous();
+  return {dx, dwg, dwu};
+}
+
+}  // namespace
+}  // namespace fk::ops
+
+TORCH_LIBRARY_IMPL(fk, CPU, m) {
+  m.impl("_swiglu_linear_forward", fk::ops::swiglu_linear_forward_cpu);
+  m.impl("_swiglu_linear_backward", fk::ops::swiglu_linear_backward_cpu);
+}

@@ -1,0 +1,112 @@
+// CUDA kernels of fk::swiglu_linear: AOT-compiled Triton (triton_src/swiglu_linear.py).
+//
+// Inputs are made contiguous (x as (M, K) rows, the weights as (N, K)); a copy is made only
+// for inputs that are not. One launch per GEMM: the forward (z and / or the factors s, t),
+// dx, and dW (both weight gradients in one kernel, computed when either is wanted).
+#include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
+#include <torch/library.h>
+
+#include "ops/swiglu_linear/swiglu_linear.h"
+#include "runtime/checks.h"
+#include "runtime/kernels.h"
+
+namespace fk::ops {
+namespace {
+
+using runtime::KernelArgs;
+
+// Contiguous (rows, last dim) view of t (a copy only when t is not contiguous).
+at::Tensor as_rows(const at::Tensor& t) {
+  const int64_t m = c10::multiply_integers(t.sizes().slice(0, t.dim() - 1));
+  return t.contiguous().view({m, t.size(-1)});
+}
+
+// The aligned variants assume 16-byte aligned pointers and N, K multiples of 16 (every row
+// of every operand then starts 16-byte aligned).
+uint32_t flags_for(int64_t n, int64_t k, std::initializer_list<const at::Tensor*> tensors) {
+  return (n % 16 == 0 && k % 16 == 0 && runtime::aligned16(tensors)) ? runtime::kFlagAligned
+                                                                     : 0;
+}
+
+int64_t tiles(const runtime::KernelSpec& k, const char* rows_block, int64_t rows,
+              const char* cols_block, int64_t cols) {
+  return checks::ceil_div(rows, k.constexpr_value(rows_block)) *
+         checks::ceil_div(cols, k.constexpr_value(cols_block));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_forward_cuda(
+    const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
+    std::array<bool, 2> output_mask) {
+  constexpr const char* op = "fk::swiglu_linear";
+  check_swiglu_linear(x, w_gate, w_up);
+  auto x2 = as_rows(x);
+  auto wg = w_gate.contiguous(), wu = w_up.contiguous();
+  const int64_t m = x2.size(0), k = x2.size(1), n = wg.size(0);
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  auto make = [&](bool want) { return want ? at::empty(sizes, x.options()) : at::Tensor(); };
+  at::Tensor z = make(output_mask[0]), s = make(output_mask[1]), t = make(output_mask[1]);
+  if (m == 0 || n == 0 || !(output_mask[0] || output_mask[1])) return {z, s, t};
+
+  static const auto& fam = runtime::family("swiglu_linear_fwd");
+  const auto& kern = fam.pick(op, x2, 0, flags_for(n, k, {&x2, &wg, &wu, &z, &s, &t}));
+  KernelArgs args;
+  args.ptr(x2).ptr(wg).ptr(wu).ptr(z).ptr(s).ptr(t).i32(m).i32(n).i32(k)
+      .i32(output_mask[0] ? 1 : 0).i32(output_mask[1] ? 1 : 0);
+  runtime::launch(op, kern, x.device(), {tiles(kern, "BLOCK_M", m, "BLOCK_N", n), 1, 1}, args);
+  return {z, s, t};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& w_gate,
+    const at::Tensor& w_up, const at::Tensor& s, const at::Tensor& t,
+    std::array<bool, 3> output_mask) {
+  constexpr const char* op = "fk::_swiglu_linear_backward";
+  check_swiglu_linear_backward(grad_out, x, w_gate, w_up, s, t);
+  auto x2 = as_rows(x), dz = as_rows(grad_out), s2 = as_rows(s), t2 = as_rows(t);
+  auto wg = w_gate.contiguous(), wu = w_up.contiguous();
+  const int64_t m = x2.size(0), k = x2.size(1), n = wg.size(0);
+  at::Tensor dx, dwg, dwu;
+
+  if (output_mask[0]) {
+    dx = at::empty(x.sizes(), x.options());
+    if (n == 0) {
+      dx.zero_();
+    } else if (m > 0 && k > 0) {
+      static const auto& fam = runtime::family("swiglu_linear_dx");
+      const auto& kern = fam.pick(op, x2, 0, flags_for(n, k, {&dz, &s2, &t2, &wg, &wu, &dx}));
+      KernelArgs args;
+      args.ptr(dz).ptr(s2).ptr(t2).ptr(wg).ptr(wu).ptr(dx).i32(m).i32(n).i32(k);
+      runtime::launch(op, kern, x.device(), {tiles(kern, "BLOCK_M", m, "BLOCK_K", k), 1, 1},
+                      args);
+    }
+  }
+  if (output_mask[1] || output_mask[2]) {
+    // One kernel writes both weight gradients; a frozen one is computed and dropped.
+    dwg = at::empty({n, k}, x.options());
+    dwu = at::empty({n, k}, x.options());
+    if (m == 0) {
+      dwg.zero_();
+      dwu.zero_();
+    } else if (n > 0 && k > 0) {
+      static const auto& fam = runtime::family("swiglu_linear_dw");
+      const auto& kern = fam.pick(op, x2, 0, flags_for(n, k, {&dz, &s2, &t2, &x2, &dwg, &dwu}));
+      KernelArgs args;
+      args.ptr(dz).ptr(s2).ptr(t2).ptr(x2).ptr(dwg).ptr(dwu).i32(m).i32(n).i32(k);
+      runtime::launch(op, kern, x.device(), {tiles(kern, "BLOCK_N", n, "BLOCK_K", k), 1, 1},
+                      args);
+    }
+    if (!output_mask[1]) dwg = at::Tensor();
+    if (!output_mask[2]) dwu = at::Tensor();
+  }
+  return {dx, dwg, dwu};
+}
+
+}  // namespace
+}  // namespace fk::ops
+
+TORCH_LIBRARY_IMPL(fk, CUDA, m) {
+  m.impl("_swiglu_linear_forward", fk::ops::swiglu_linear_forward_cuda);
+  m.impl("_swiglu_linear_backward", fk::ops::swiglu_linear_backward_cuda);
+}
