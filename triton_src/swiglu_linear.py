@@ -72,6 +72,31 @@ def _silu_factors(a, b):
 
 
 @triton.jit
+def _store_tile(ptr, acc, row0, col0, rows, cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """acc (BLOCK_R, BLOCK_C) into the (rows, cols) row-major tensor at (row0, col0), masked."""
+    rr = tl.arange(0, BLOCK_R)
+    rc = tl.arange(0, BLOCK_C)
+    off = row0.to(tl.int64) * cols + col0 + (rr[:, None] * cols + rc[None, :])
+    mask = (rr < rows - row0)[:, None] & (rc < cols - col0)[None, :]
+    tl.store(ptr + off, acc.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fwd_epilogue(acc_g, acc_u, z_ptr, s_ptr, t_ptr, row0, col0, M, N, store_z, store_saved,
+                  dtype, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """SiLU-mul of the two accumulators; z and / or the backward factors s, t stored (the
+    switches are part of the store masks: no branch)."""
+    z, s, t = _silu_factors(acc_g, acc_u)
+    rm = tl.arange(0, BLOCK_M)
+    rn = tl.arange(0, BLOCK_N)
+    off = row0.to(tl.int64) * N + col0 + (rm[:, None] * N + rn[None, :])
+    mask = (rm < M - row0)[:, None] & (rn < N - col0)[None, :]
+    tl.store(z_ptr + off, z.to(dtype), mask=mask & (store_z != 0))
+    tl.store(s_ptr + off, s.to(dtype), mask=mask & (store_saved != 0))
+    tl.store(t_ptr + off, t.to(dtype), mask=mask & (store_saved != 0))
+
+
+@triton.jit
 def swiglu_linear_fwd_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K, store_z,
                              store_saved, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
@@ -102,14 +127,8 @@ def swiglu_linear_fwd_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K
         x_ptrs += BLOCK_K
         wg_ptrs += BLOCK_K
         wu_ptrs += BLOCK_K
-    z, s, t = _silu_factors(acc_g, acc_u)
-    out = row0.to(tl.int64) * N + col0 + (rm[:, None] * N + rn[None, :])
-    mask = m_ok[:, None] & n_ok[None, :]
-    if store_z != 0:
-        tl.store(z_ptr + out, z.to(dtype), mask=mask)
-    if store_saved != 0:
-        tl.store(s_ptr + out, s.to(dtype), mask=mask)
-        tl.store(t_ptr + out, t.to(dtype), mask=mask)
+    _fwd_epilogue(acc_g, acc_u, z_ptr, s_ptr, t_ptr, row0, col0, M, N, store_z, store_saved,
+                  dtype, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -153,8 +172,7 @@ def swiglu_linear_dx_kernel(dz_ptr, s_ptr, t_ptr, wg_ptr, wu_ptr, dx_ptr, M, N, 
         t_ptrs += BLOCK_N
         wg_ptrs += BLOCK_N * K
         wu_ptrs += BLOCK_N * K
-    out = row0.to(tl.int64) * K + col0 + (rm[:, None] * K + rk[None, :])
-    tl.store(dx_ptr + out, (acc_g + acc_u).to(dtype), mask=m_ok[:, None] & k_ok[None, :])
+    _store_tile(dx_ptr, acc_g + acc_u, row0, col0, M, K, BLOCK_M, BLOCK_K)
 
 
 @triton.jit
@@ -192,27 +210,179 @@ def swiglu_linear_dw_kernel(dz_ptr, s_ptr, t_ptr, x_ptr, dwg_ptr, dwu_ptr, M, N,
         s_ptrs += BLOCK_M * N
         t_ptrs += BLOCK_M * N
         x_ptrs += BLOCK_M * K
-    out = row0.to(tl.int64) * K + col0 + (rn[:, None] * K + rk[None, :])
-    mask = n_ok[:, None] & k_ok[None, :]
-    tl.store(dwg_ptr + out, acc_g.to(dtype), mask=mask)
-    tl.store(dwu_ptr + out, acc_u.to(dtype), mask=mask)
+    _store_tile(dwg_ptr, acc_g, row0, col0, N, K, BLOCK_N, BLOCK_K)
+    _store_tile(dwu_ptr, acc_u, row0, col0, N, K, BLOCK_N, BLOCK_K)
+
+
+# --- TMA versions (16-bit dtypes, aligned variants only) -------------------------------
+#
+# The same three kernels with operand tiles fetched by the tensor memory accelerator from
+# descriptors built on the device (one 128-byte descriptor per operand and program, in
+# Triton's global scratch, which the runtime allocates). Loads past the edges read zeros,
+# so the main loops carry no masks; stores stay masked pointer stores. Descriptors need a
+# 16-byte aligned base and row strides of a multiple of 16 bytes: the aligned flag.
+# Each comes as two kernels: plain software pipelining, and Triton's warp specialization of
+# the main loop (`_ws`: one warp group issues the loads, the others the products; it applies
+# to 4-warp configs, where Triton adds the consumer warp groups itself).
+
+
+@triton.jit
+def _fwd_tma(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K, store_z, store_saved,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             GROUP_M: tl.constexpr, WS: tl.constexpr):
+    dtype = x_ptr.dtype.element_ty
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    row0 = pid_m * BLOCK_M
+    col0 = pid_n * BLOCK_N
+    x_desc = tl.make_tensor_descriptor(x_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
+    wg_desc = tl.make_tensor_descriptor(wg_ptr, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
+    wu_desc = tl.make_tensor_descriptor(wu_ptr, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WS):
+        xt = x_desc.load([row0, k * BLOCK_K])
+        acc_g = _dot(xt, wg_desc.load([col0, k * BLOCK_K]).T, acc_g)
+        acc_u = _dot(xt, wu_desc.load([col0, k * BLOCK_K]).T, acc_u)
+    _fwd_epilogue(acc_g, acc_u, z_ptr, s_ptr, t_ptr, row0, col0, M, N, store_z, store_saved,
+                  dtype, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _dx_tma(dz_ptr, s_ptr, t_ptr, wg_ptr, wu_ptr, dx_ptr, M, N, K, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+            WS: tl.constexpr):
+    dtype = dx_ptr.dtype.element_ty
+    pid_m, pid_k = _grouped_tile(tl.program_id(0), M, K, BLOCK_M, BLOCK_K, GROUP_M)
+    row0 = pid_m * BLOCK_M
+    col0 = pid_k * BLOCK_K
+    dz_desc = tl.make_tensor_descriptor(dz_ptr, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
+    s_desc = tl.make_tensor_descriptor(s_ptr, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
+    t_desc = tl.make_tensor_descriptor(t_ptr, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
+    wg_desc = tl.make_tensor_descriptor(wg_ptr, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
+    wu_desc = tl.make_tensor_descriptor(wu_ptr, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
+    acc_g = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    for n in tl.range(0, tl.cdiv(N, BLOCK_N), warp_specialize=WS):
+        dz = dz_desc.load([row0, n * BLOCK_N]).to(tl.float32)
+        da = (dz * t_desc.load([row0, n * BLOCK_N]).to(tl.float32)).to(dtype)
+        db = (dz * s_desc.load([row0, n * BLOCK_N]).to(tl.float32)).to(dtype)
+        acc_g = _dot(da, wg_desc.load([n * BLOCK_N, col0]), acc_g)
+        acc_u = _dot(db, wu_desc.load([n * BLOCK_N, col0]), acc_u)
+    _store_tile(dx_ptr, acc_g + acc_u, row0, col0, M, K, BLOCK_M, BLOCK_K)
+
+
+@triton.jit
+def _dw_tma(dz_ptr, s_ptr, t_ptr, x_ptr, dwg_ptr, dwu_ptr, M, N, K, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+            WS: tl.constexpr):
+    dtype = dwg_ptr.dtype.element_ty
+    pid_n, pid_k = _grouped_tile(tl.program_id(0), N, K, BLOCK_N, BLOCK_K, GROUP_M)
+    row0 = pid_n * BLOCK_N
+    col0 = pid_k * BLOCK_K
+    dz_desc = tl.make_tensor_descriptor(dz_ptr, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
+    s_desc = tl.make_tensor_descriptor(s_ptr, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
+    t_desc = tl.make_tensor_descriptor(t_ptr, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
+    x_desc = tl.make_tensor_descriptor(x_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for m in tl.range(0, tl.cdiv(M, BLOCK_M), warp_specialize=WS):
+        dz = dz_desc.load([m * BLOCK_M, row0]).T.to(tl.float32)
+        da = (dz * t_desc.load([m * BLOCK_M, row0]).T.to(tl.float32)).to(dtype)
+        db = (dz * s_desc.load([m * BLOCK_M, row0]).T.to(tl.float32)).to(dtype)
+        xt = x_desc.load([m * BLOCK_M, col0])
+        acc_g = _dot(da, xt, acc_g)
+        acc_u = _dot(db, xt, acc_u)
+    _store_tile(dwg_ptr, acc_g, row0, col0, N, K, BLOCK_N, BLOCK_K)
+    _store_tile(dwu_ptr, acc_u, row0, col0, N, K, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def swiglu_linear_fwd_tma_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K, store_z,
+                                 store_saved, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    _fwd_tma(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K, store_z, store_saved,
+             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False)
+
+
+@triton.jit
+def swiglu_linear_fwd_tma_ws_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K,
+                                    store_z, store_saved, BLOCK_M: tl.constexpr,
+                                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                    GROUP_M: tl.constexpr):
+    _fwd_tma(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K, store_z, store_saved,
+             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, True)
+
+
+@triton.jit
+def swiglu_linear_dx_tma_kernel(dz_ptr, s_ptr, t_ptr, wg_ptr, wu_ptr, dx_ptr, M, N, K,
+                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    _dx_tma(dz_ptr, s_ptr, t_ptr, wg_ptr, wu_ptr, dx_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+            GROUP_M, False)
+
+
+@triton.jit
+def swiglu_linear_dx_tma_ws_kernel(dz_ptr, s_ptr, t_ptr, wg_ptr, wu_ptr, dx_ptr, M, N, K,
+                                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    _dx_tma(dz_ptr, s_ptr, t_ptr, wg_ptr, wu_ptr, dx_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+            GROUP_M, True)
+
+
+@triton.jit
+def swiglu_linear_dw_tma_kernel(dz_ptr, s_ptr, t_ptr, x_ptr, dwg_ptr, dwu_ptr, M, N, K,
+                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    _dw_tma(dz_ptr, s_ptr, t_ptr, x_ptr, dwg_ptr, dwu_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+            GROUP_M, False)
+
+
+@triton.jit
+def swiglu_linear_dw_tma_ws_kernel(dz_ptr, s_ptr, t_ptr, x_ptr, dwg_ptr, dwu_ptr, M, N, K,
+                                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    _dw_tma(dz_ptr, s_ptr, t_ptr, x_ptr, dwg_ptr, dwu_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+            GROUP_M, True)
 
 
 # --- AOT variants ----------------------------------------------------------------------
 
-# Tile configs per arch and element size: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages),
-# where for each kernel BLOCK_K is its reduction step only in the forward (see the kernels).
-# Default entries are used for archs without their own.
-_CONFIGS = {
-    "default": {
-        2: {"fwd": (128, 128, 64, 8, 8, 3),
-            "dx": (128, 64, 128, 8, 8, 3),
-            "dw": (64, 128, 128, 8, 8, 3)},
-        4: {"fwd": (64, 64, 32, 8, 4, 3),
-            "dx": (64, 32, 64, 8, 4, 3),
-            "dw": (32, 64, 64, 8, 4, 3)},
-    },
+# Tile configs per arch and element size, per kernel:
+#   (style, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages)
+# style "ptr": pointer loads pipelined by num_stages (cp.async) for every variant; "tma" /
+# "tma_ws": the aligned variant uses the TMA kernel (warp-specialized with "tma_ws"), the
+# unaligned one the pointer kernel with the same tiles. Per kernel, the reduction runs over
+# BLOCK_K (fwd), BLOCK_N (dx), BLOCK_M (dw).
+#
+# sm_90 (H200: 227 KB shared memory and 64K registers per SM). 16-bit: 8 warps (two
+# warpgroups) own a 128 x 128 tile of each of the two fp32 accumulators (128 registers a
+# thread), one program per SM. Per pipeline stage fwd loads x 128x64 + Wg, Wu 2x 64x128
+# (48 KB; 3 stages 144 KB), dx loads dz, s, t 3x 128x64 + Wg, Wu 2x 64x128 (80 KB; Triton
+# double-buffers dz, s, t: 192 KB), dw loads dz, s, t 3x 64x128 + x 64x128 (64 KB; 144 KB).
+# Each stage feeds 4 MFLOP of tensor-core work from 48-80 KB of shared memory. float32
+# (three TF32 products per step) halves the tiles. Every config here compiles without
+# register spills (ptxas -v) on its arch.
+# sm_80 / sm_120 (mma.sync: operands and accumulators in registers; 163 / 99 KB of shared
+# memory): the 16-bit tiles above spill there, so the accumulators are 128 x 64 (fwd,
+# dw) or 128 x 64 per warp set (dx), all under 64 KB of shared memory. sm_100 / sm_103
+# (tcgen05, accumulators in tensor memory): the sm_90 tiles.
+_SM90 = {
+    2: {"fwd": ("ptr", 128, 128, 64, 8, 8, 3),
+        "dx": ("ptr", 128, 64, 128, 8, 8, 3),
+        "dw": ("ptr", 64, 128, 128, 8, 8, 3)},
+    4: {"fwd": ("ptr", 128, 64, 32, 8, 8, 3),
+        "dx": ("ptr", 128, 32, 64, 8, 8, 3),
+        "dw": ("ptr", 32, 128, 64, 8, 8, 3)},
 }
+_SM80 = {
+    2: {"fwd": ("ptr", 128, 64, 64, 8, 8, 3),
+        "dx": ("ptr", 128, 32, 64, 8, 8, 3),
+        "dw": ("ptr", 32, 128, 64, 8, 8, 3)},
+    4: {"fwd": ("ptr", 128, 32, 32, 8, 8, 3),
+        "dx": ("ptr", 64, 16, 64, 8, 4, 3),
+        "dw": ("ptr", 16, 64, 64, 8, 4, 3)},
+}
+_CONFIGS = {80: _SM80, 90: _SM90, 100: _SM90, 103: _SM90, 120: _SM80}
 _ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 _ARGS = {
@@ -226,22 +396,33 @@ _CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
 
 
 def configs(arch: int) -> dict:
-    """The tile configs of `arch`: {element size: {kernel: (BM, BN, BK, GROUP_M, warps, stages)}}."""
-    return _CONFIGS.get(arch, _CONFIGS["default"])
+    """{element size: {kernel: (style, BM, BN, BK, GROUP_M, warps, stages)}} for `arch`
+    (archs without their own entry use sm_90's)."""
+    return _CONFIGS.get(arch, _SM90)
+
+
+def signature(which: str, dt: str) -> dict:
+    sig = {a: _INT_ARGS.get(a, f"*{dt}") for a in _ARGS[which]}
+    sig.update({c: "constexpr" for c in _CONSTEXPRS})
+    return sig
+
+
+def kernel_name(which: str, style: str, flags: int) -> str:
+    """The kernel a variant of `which` uses: TMA styles only where the aligned flag holds."""
+    suffix = {"ptr": "", "tma": "_tma", "tma_ws": "_tma_ws"}[style]
+    return f"swiglu_linear_{which}{suffix if flags & FLAG_ALIGNED else ''}_kernel"
 
 
 def variants(arch: int) -> list:
     out = []
     for dt in DTYPES:
-        cfgs = configs(arch)[_ELEM[dt]]
-        for which, args in _ARGS.items():
-            bm, bn, bk, group, warps, stages = cfgs[which]
-            sig = {a: _INT_ARGS.get(a, f"*{dt}") for a in args}
-            sig.update({c: "constexpr" for c in _CONSTEXPRS})
+        for which, cfg in configs(arch)[_ELEM[dt]].items():
+            style, bm, bn, bk, group, warps, stages = cfg
+            sig = signature(which, dt)
             cx = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group}
             for flags in (0, FLAG_ALIGNED):
                 out.append(Variant(family=f"swiglu_linear_{which}",
-                                   kernel=f"swiglu_linear_{which}_kernel", dtype=dt, block=bm,
+                                   kernel=kernel_name(which, style, flags), dtype=dt, block=bm,
                                    signature=sig, constexprs=cx, num_warps=warps,
                                    num_stages=stages, flags=flags,
                                    divisible_by_16=aligned_args(sig, flags, ("N", "K"))))

@@ -72,12 +72,23 @@ def _inputs(m, n, k, dtype=torch.float32, device="cpu", lead=None, grad=False, s
 
 # --- level 1: the Triton source under the interpreter ---------------------------------
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,n,k,blocks", [(37, 45, 70, (16, 16, 32)), (5, 9, 16, (16, 32, 16))],
-                         ids=["multi-tile", "one-partial-tile"])
-def test_interpreter(dtype, m, n, k, blocks):
+INTERP_CASES = [(style, dtype, shape) for dtype in DTYPES
+                for shape in ((37, 45, 70, (16, 16, 32)), (5, 9, 16, (16, 32, 16)))
+                for style in ("ptr",)]
+# The TMA kernels (16-bit dtypes; descriptors want N, K multiples of 16 bytes / 8 elements)
+INTERP_CASES += [("tma", torch.bfloat16, (37, 48, 80, (16, 16, 32))),
+                 ("tma", torch.float16, (5, 16, 32, (16, 32, 16))),
+                 ("tma_ws", torch.bfloat16, (21, 32, 48, (16, 16, 16)))]
+
+
+@pytest.mark.parametrize("style,dtype,shape", INTERP_CASES,
+                         ids=[f"{c[0]}-{str(c[1])[6:]}-{c[2][0]}x{c[2][1]}x{c[2][2]}"
+                              for c in INTERP_CASES])
+def test_interpreter(style, dtype, shape):
     mod = load_triton_src("swiglu_linear")
-    bm, bn, bk = blocks
+    m, n, k, (bm, bn, bk) = shape
+    fwd_kernel, dx_kernel, dw_kernel = (getattr(mod, mod.kernel_name(w, style, mod.FLAG_ALIGNED))
+                                        for w in ("fwd", "dx", "dw"))
     x, wg, wu = _inputs(m, n, k, dtype)
     dz = randn(m, n, dtype=dtype)
     zr, sr, tr = ref_forward(x, wg, wu, cast=round_toward_zero)
@@ -88,21 +99,21 @@ def test_interpreter(dtype, m, n, k, blocks):
 
     # forward writing z only, then s and t only (the backward's recompute)
     z, s, t = nan(m, n), nan(m, n), nan(m, n)
-    mod.swiglu_linear_fwd_kernel[(cdiv(m, bm) * cdiv(n, bn),)](x, wg, wu, z, s, t, m, n, k, 1, 0,
+    fwd_kernel[(cdiv(m, bm) * cdiv(n, bn),)](x, wg, wu, z, s, t, m, n, k, 1, 0,
                                                                **cx)
     assert_close(z, zr, dtype, factor=1.5, what="z")
     assert torch.isnan(s).all() and torch.isnan(t).all()
-    mod.swiglu_linear_fwd_kernel[(cdiv(m, bm) * cdiv(n, bn),)](x, wg, wu, z, s, t, m, n, k, 0, 1,
+    fwd_kernel[(cdiv(m, bm) * cdiv(n, bn),)](x, wg, wu, z, s, t, m, n, k, 0, 1,
                                                                **cx)
     assert_close(s, sr, dtype, factor=1.5, what="s")
     assert_close(t, tr, dtype, factor=1.5, what="t")
 
     dxr, dwgr, dwur = ref_backward(dz, x, wg, wu, cast=round_toward_zero)
     dx = nan(m, k)
-    mod.swiglu_linear_dx_kernel[(cdiv(m, bm) * cdiv(k, bk),)](dz, s, t, wg, wu, dx, m, n, k, **cx)
+    dx_kernel[(cdiv(m, bm) * cdiv(k, bk),)](dz, s, t, wg, wu, dx, m, n, k, **cx)
     assert_close(dx, dxr, dtype, factor=1.5, what="dx")
     dwg, dwu = nan(n, k), nan(n, k)
-    mod.swiglu_linear_dw_kernel[(cdiv(n, bn) * cdiv(k, bk),)](dz, s, t, x, dwg, dwu, m, n, k, **cx)
+    dw_kernel[(cdiv(n, bn) * cdiv(k, bk),)](dz, s, t, x, dwg, dwu, m, n, k, **cx)
     assert_close(dwg, dwgr, dtype, factor=1.5, what="dwg")
     assert_close(dwu, dwur, dtype, factor=1.5, what="dwu")
 
@@ -115,6 +126,9 @@ def test_variants_cover_every_dtype_and_flag():
         for v in mod.variants(arch):
             assert set(v.constexprs) == {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"}
             assert (v.flags == 0) == (v.divisible_by_16 == ())
+            assert hasattr(mod, v.kernel)
+            # TMA kernels need the aligned flag (16-byte aligned bases and row strides).
+            assert "_tma" not in v.kernel or v.flags == mod.FLAG_ALIGNED
 
 
 # --- level 2: the CPU backend against the reference --------------------------------------

@@ -1,0 +1,284 @@
+"""Benchmark fk.swiglu_linear (the fused SwiGLU GEMM) and the whole Llama MLP around it
+against cuBLAS, torch, torch.compile and Liger.
+
+    python benchmarks/benchmark_swiglu_linear.py --model llama_3_8b --sweep-mode token_length
+    python benchmarks/benchmark_swiglu_linear.py --device cpu --tokens 64 --quick   # smoke test
+
+Three tables per run (x: (tokens, hidden), Wg, Wu: (inter, hidden), Wd: (hidden, inter)):
+
+gate   forward of silu(x Wg^T) * (x Wu^T). "cublas+<swiglu>": one cuBLAS GEMM on the stacked
+       weights [Wg; Wu] plus a SiLU-mul kernel on contiguous (tokens, inter) halves, timed
+       apart and summed (the best such pair is the baseline); "cublas x2 + fk.swiglu": the
+       unfused path as run (two GEMMs, then fk.swiglu); "fk": fk.swiglu_linear with x
+       requiring grad (writes z and the two backward factors); "fk (no grad)": z only.
+mlp    the whole MLP, down(silu(gate(x)) * up(x)), forward + backward with every weight
+       trainable: torch eager, torch.compile, Liger's LigerSwiGLUMLP, fk.nn.SwiGLUMLP
+       (cuBLAS + fk.swiglu), fk.nn.FusedSwiGLUMLP (fk.swiglu_linear, factors saved) and the
+       same with recompute=True; time and peak memory above the inputs.
+gemm   TFLOP/s of fk's three GEMM kernels (forward writing z, s, t; dx; both dW) against
+       cuBLAS doing the same products with stacked weights (torch.matmul). Each kernel does
+       4 * tokens * inter * hidden flops.
+Rows go to benchmarks/results/swiglu_linear_<gpu>.csv (the harness's columns plus flops and
+tflops); timing and peak memory use the shared harness.
+"""
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+import _harness as H
+
+# The harness's CSV columns plus the GEMM rate of each row.
+CSV_COLUMNS = H.CSV_COLUMNS + ["flops", "tflops"]
+
+
+def torch_mlp(x, wg, wu, wd):
+    """Hugging Face LlamaMLP: down_proj(silu(gate_proj(x)) * up_proj(x))."""
+    return F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+
+
+def module_provider(make):
+    """The MLP as a module, its weights swapped for the benchmark's inputs on every call."""
+    mod = make()
+
+    def run(x, wg, wu, wd):
+        params = {"gate_proj.weight": wg, "up_proj.weight": wu, "down_proj.weight": wd}
+        return functional_call(mod, params, (x,))
+    return run
+
+
+def liger_mlp(ctx):
+    from types import SimpleNamespace
+
+    from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
+    cfg = SimpleNamespace(hidden_size=ctx.model.hidden_size,
+                          intermediate_size=ctx.model.intermediate_size, hidden_act="silu")
+    return module_provider(lambda: LigerSwiGLUMLP(cfg).to(ctx.device, ctx.dtype))
+
+
+def fk_mlp(ctx, unfused=False, recompute=False):
+    import fk
+    h, n = ctx.model.hidden_size, ctx.model.intermediate_size
+    if unfused:
+        return module_provider(lambda: fk.nn.SwiGLUMLP(h, n, device=ctx.device, dtype=ctx.dtype))
+    return module_provider(lambda: fk.nn.FusedSwiGLUMLP(h, n, device=ctx.device, dtype=ctx.dtype,
+                                                        recompute=recompute))
+
+
+def liger_swiglu():
+    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    return LigerSiLUMulFunction.apply
+
+
+class Bench:
+    """Times callables with the harness and collects the CSV rows."""
+
+    def __init__(self, ctx):
+        self.ctx, self.rows, self.notes = ctx, [], []
+        self.info = H._versions(ctx.device)
+
+    def time(self, section, tokens, name, fn, grads=(), flops=0.0, nbytes=0):
+        args = self.ctx.args
+        try:
+            fn()  # first call: compiles / autotunes, and shows failures
+            for t in grads:
+                t.grad = None
+            mb = H.peak_mb(fn, self.ctx.device, grads)
+            ms = H.bench_ms(fn, self.ctx.device, args.warmup, args.rep, grads)
+        except Exception as e:  # noqa: BLE001 - a provider that fails is reported and skipped
+            msg = (str(e).strip().splitlines() or [""])[0][:160]
+            self.notes.append(f"{name}: failed in {section} at {tokens} tokens: "
+                              f"{type(e).__name__}: {msg}")
+            return None
+        return self.add(section, tokens, name, ms, mb, flops, nbytes)
+
+    def add(self, section, tokens, name, ms, mb=float("nan"), flops=0.0, nbytes=0):
+        copy_bw = self.ctx.args.copy_bw or H.H200_COPY_BW
+        self.rows.append(dict(self.info, op="swiglu_linear", model=self.ctx.model.name,
+                              dtype=self.ctx.args.dtype, mode=section, tokens=tokens,
+                              provider=name, ms=ms, peak_mb=mb, bytes=nbytes, copy_bw=copy_bw,
+                              fraction_of_copy_bw=nbytes / (ms * 1e-3) / copy_bw,
+                              flops=flops, tflops=flops / (ms * 1e-3) / 1e12 if flops else 0.0))
+        return ms
+
+    def ms(self, section, tokens, name):
+        for r in self.rows:
+            if (r["mode"], r["tokens"], r["provider"]) == (section, tokens, name):
+                return r["ms"]
+        return None
+
+
+def gate_section(b, tokens, providers):
+    ctx = b.ctx
+    h, n = ctx.model.hidden_size, ctx.model.intermediate_size
+    kw = dict(device=ctx.device, dtype=ctx.dtype)
+    x = torch.randn(tokens, h, **kw)
+    wg, wu = torch.randn(n, h, **kw) * h ** -0.5, torch.randn(n, h, **kw) * h ** -0.5
+    wcat = torch.cat([wg, wu])
+    flops = 4.0 * tokens * n * h
+    e = ctx.elem
+    gemm_bytes = (tokens * h + 2 * n * h + 2 * tokens * n) * e
+    b.time("gate", tokens, "cublas (stacked)", lambda: torch.matmul(x, wcat.T), flops=flops,
+           nbytes=gemm_bytes)
+    a, g = torch.randn(tokens, n, **kw), torch.randn(tokens, n, **kw)
+    swiglus = {"torch": lambda p, q: F.silu(p) * q}
+    if ctx.args.compile:
+        swiglus["torch.compile"] = torch.compile(lambda p, q: F.silu(p) * q)
+    if "liger" in providers:
+        swiglus["liger"] = providers["liger"]
+    import fk
+    swiglus["fk"] = fk.swiglu
+    for name, fn in swiglus.items():
+        b.time("gate", tokens, f"swiglu {name}", lambda fn=fn: fn(a, g),
+               nbytes=3 * tokens * n * e)
+    gemm = b.ms("gate", tokens, "cublas (stacked)")
+    best = [m for m in (b.ms("gate", tokens, f"swiglu {s}") for s in swiglus) if m]
+    if gemm and best:
+        b.add("gate", tokens, "cublas+best swiglu", gemm + min(best), flops=flops)
+    b.time("gate", tokens, "cublas x2 + fk.swiglu",
+           lambda: fk.swiglu(F.linear(x, wg), F.linear(x, wu)), flops=flops)
+    xg = x.clone().requires_grad_()
+    b.time("gate", tokens, "fk", lambda: fk.swiglu_linear(xg, wg, wu), flops=flops,
+           nbytes=(tokens * h + 2 * n * h + 3 * tokens * n) * e)
+    b.time("gate", tokens, "fk (no grad)", lambda: fk.swiglu_linear(x, wg, wu), flops=flops,
+           nbytes=(tokens * h + 2 * n * h + tokens * n) * e)
+
+
+def mlp_section(b, tokens, providers):
+    ctx = b.ctx
+    h, n = ctx.model.hidden_size, ctx.model.intermediate_size
+    torch.manual_seed(tokens)
+    kw = dict(device=ctx.device, dtype=ctx.dtype)
+    inputs = [torch.randn(tokens, h, **kw), torch.randn(n, h, **kw) * h ** -0.5,
+              torch.randn(n, h, **kw) * h ** -0.5, torch.randn(h, n, **kw) * n ** -0.5]
+    for t in inputs:
+        t.requires_grad_()
+    grad_out = torch.randn(tokens, h, **kw)
+    flops = 3 * 2.0 * tokens * n * h * 3  # three GEMMs forward, six backward
+    for name, fn in providers.items():
+        b.time("mlp", tokens, name,
+               lambda fn=fn: fn(*inputs).backward(grad_out), grads=inputs, flops=flops)
+
+
+def gemm_section(b, tokens):
+    import fk
+    ctx = b.ctx
+    h, n = ctx.model.hidden_size, ctx.model.intermediate_size
+    kw = dict(device=ctx.device, dtype=ctx.dtype)
+    x = torch.randn(tokens, h, **kw)
+    wg, wu = torch.randn(n, h, **kw) * h ** -0.5, torch.randn(n, h, **kw) * h ** -0.5
+    wcat = torch.cat([wg, wu])
+    dz, dab = torch.randn(tokens, n, **kw), torch.randn(tokens, 2 * n, **kw)
+    _, s, t = torch.ops.fk._swiglu_linear_forward(x, wg, wu, [False, True])
+    flops = 4.0 * tokens * n * h
+    runs = {
+        "fwd cublas": lambda: torch.matmul(x, wcat.T),
+        "fwd fk": lambda: torch.ops.fk._swiglu_linear_forward(x, wg, wu, [True, True]),
+        "dx cublas": lambda: torch.matmul(dab, wcat),
+        "dx fk": lambda: torch.ops.fk._swiglu_linear_backward(dz, x, wg, wu, s, t,
+                                                              [True, False, False]),
+        "dw cublas": lambda: torch.matmul(dab.T, x),
+        "dw fk": lambda: torch.ops.fk._swiglu_linear_backward(dz, x, wg, wu, s, t,
+                                                              [False, True, True]),
+    }
+    for name, fn in runs.items():
+        b.time("gemm", tokens, name, fn, flops=flops)
+
+
+def print_section(b, section, title):
+    rows = [r for r in b.rows if r["mode"] == section]
+    if not rows:
+        return
+    print(f"\n[{section}] {title}")
+    names = list(dict.fromkeys(r["provider"] for r in rows))
+    width = max(len(p) for p in names)
+    for tokens in dict.fromkeys(r["tokens"] for r in rows):
+        print(f"  tokens {tokens}")
+        for p in names:
+            r = next((r for r in rows if r["tokens"] == tokens and r["provider"] == p), None)
+            if r is None:
+                continue
+            tf = f"{r['tflops']:7.1f} TFLOP/s" if r["tflops"] else " " * 15
+            mb = f"{r['peak_mb']:9.1f} MB" if r["peak_mb"] == r["peak_mb"] else " " * 12
+            print(f"    {p:<{width}}  {r['ms']:9.4f} ms  {tf}  {mb}")
+
+
+def print_criteria(b):
+    """fk against the targets the op is built for (gate <= 0.95 x cuBLAS + best swiglu, MLP
+    <= 0.98 x eager time and <= 0.8 x its peak memory, fused GEMMs >= 85 % of cuBLAS)."""
+    lines = []
+    for tokens in dict.fromkeys(r["tokens"] for r in b.rows):
+        def ms(section, name):
+            return b.ms(section, tokens, name)
+
+        def peak(name):
+            r = next((r for r in b.rows if r["mode"] == "mlp" and r["tokens"] == tokens
+                      and r["provider"] == name), None)
+            return r["peak_mb"] if r else None
+
+        def ratio(num, den, target, what, higher=False):
+            if num and den:
+                v = num / den
+                ok = v >= target if higher else v <= target
+                lines.append(f"  {tokens:6d} tokens  {what:<46} {v:6.3f}  "
+                             f"({'<=' if not higher else '>='} {target}) "
+                             f"{'ok' if ok else 'MISSED'}")
+        ratio(ms("gate", "fk"), ms("gate", "cublas+best swiglu"), 0.95,
+              "gate fwd: fk / (cuBLAS stacked + best swiglu)")
+        for mode in ("fk", "fk (recompute)"):
+            ratio(ms("mlp", mode), ms("mlp", "torch"), 0.98, f"mlp fwd+bwd time: {mode} / torch")
+            pk, pt = peak(mode), peak("torch")
+            if pk == pk and pt == pt:
+                ratio(pk, pt, 0.8, f"mlp peak memory: {mode} / torch")
+        for k in ("fwd", "dx", "dw"):
+            ratio(ms("gemm", f"{k} cublas"), ms("gemm", f"{k} fk"), 0.85,
+                  f"{k} GEMM rate: fk / cuBLAS", higher=True)
+    if lines:
+        print("\ntargets")
+        print("\n".join(lines))
+
+
+def main():
+    args = H.make_parser(__doc__.splitlines()[0]).parse_args()
+    ctx = H.setup(args)
+    if ctx.model.mlp_act != "silu":
+        print(f"note: {ctx.model.name} uses {ctx.model.mlp_act}, not SiLU; "
+              "benchmarking the SwiGLU MLP at its shapes")
+    b = Bench(ctx)
+    mlp = {"torch": torch_mlp}
+    if args.compile:
+        mlp["torch.compile"] = torch.compile(torch_mlp)
+    gate_extra = {}
+    try:
+        mlp["liger"] = liger_mlp(ctx)
+        gate_extra["liger"] = liger_swiglu()
+    except ImportError as e:
+        b.notes.append(f"liger: not installed ({e}); skipped")
+    mlp["fk.nn.SwiGLUMLP (unfused)"] = fk_mlp(ctx, unfused=True)
+    mlp["fk"] = fk_mlp(ctx)
+    mlp["fk (recompute)"] = fk_mlp(ctx, recompute=True)
+    for tokens in ctx.tokens:
+        torch.manual_seed(tokens)
+        gate_section(b, tokens, gate_extra)
+        mlp_section(b, tokens, mlp)
+        gemm_section(b, tokens)
+        if ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    m = ctx.model
+    print(f"swiglu_linear | {m.name} hidden {m.hidden_size} inter {m.intermediate_size} | "
+          f"{args.dtype} | {b.info['gpu']} | torch {b.info['torch']} triton "
+          f"{b.info['triton'] or '-'} fk {b.info['fk']} liger {b.info['liger'] or '-'}")
+    print_section(b, "gate", "forward of the gated projection")
+    print_section(b, "mlp", "whole MLP, forward + backward, every weight trainable")
+    print_section(b, "gemm", "the fused GEMM kernels against cuBLAS on the same products")
+    print_criteria(b)
+    for note in b.notes:
+        print(f"note: {note}")
+    if args.out and b.rows:
+        H.CSV_COLUMNS = CSV_COLUMNS  # write_csv writes the columns named there
+        path = H.write_csv(b.rows, H.Path(args.out), "swiglu_linear", b.info["gpu"])
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
