@@ -17,9 +17,27 @@ mlp    the whole MLP, down(silu(gate(x)) * up(x)), forward + backward with every
        same with recompute=True; time and peak memory above the inputs.
 gemm   TFLOP/s of fk's three GEMM kernels (forward writing z, s, t; dx; both dW) against
        cuBLAS doing the same products with stacked weights (torch.matmul). Each kernel does
-       4 * tokens * inter * hidden flops.
+       4 * tokens * inter * hidden flops. Then the whole backward of the gated projection
+       both ways: fk's dx and dW kernels, and da, db written out by torch followed by
+       cuBLAS for the products.
 Rows go to benchmarks/results/swiglu_linear_<gpu>.csv (the harness's columns plus flops and
 tflops); timing and peak memory use the shared harness.
+
+Floors at Llama-3-8B, 8192 tokens, bf16 (T = 8192, H = 4096, N = 14336; MiB = 2^20 B):
+- Each fused kernel does 4 T N H = 1.924 TFLOP: 2.75 ms at cuBLAS's ~700 TFLOP/s. Its
+  minimum DRAM traffic is 960 MiB (fwd: x 64 + Wg, Wu 224 + z, s, t 672; dx: dz, s, t 672 +
+  W 224 + dx 64; dW: dz, s, t 672 + x 64 + dW 224), 0.24 ms at 4.2 TB/s: compute-bound
+  (about 2000 FLOP per byte against a ridge near 200).
+- Unfused forward: cuBLAS on (T x 2N x H) 2.75 ms + SiLU-mul (read 448, write 224 MiB)
+  0.17 ms = 2.92 ms; 0.95 of that asks the fused forward for ~695 TFLOP/s, cuBLAS's rate.
+- MLP forward + backward, eager: nine GEMMs (1.37 ms each at 700 TFLOP/s) + about 2.9 GB of
+  elementwise traffic (0.7 ms) = ~13.1 ms. fk: three cuBLAS GEMMs for down_proj (4.1 ms) +
+  three fused kernels; 0.98 of eager needs them at ~660 TFLOP/s (94 % of cuBLAS).
+- Peak memory above the inputs, eager: a, b, silu(a), d_prod, d_silu, d_b (6 x 224) + dWd
+  112 + output 64 = ~1520 MiB in the SiLU-mul backward. fk: s, t, dz (3 x 224) + dWd, dWg,
+  dWu (3 x 112) + dx, output (2 x 64) = ~1136 MiB (0.75). recompute=True has the same peak
+  inside one MLP's backward; what it saves is the 448 MiB of s, t per layer held between
+  forward and backward.
 """
 import torch
 import torch.nn.functional as F
@@ -107,14 +125,20 @@ class Bench:
         return None
 
 
-def gate_section(b, tokens, providers):
-    ctx = b.ctx
+def operands(ctx, tokens):
+    """x, Wg, Wu, the stacked [Wg; Wu] and the flops of one fused GEMM (4 * T * N * H)."""
     h, n = ctx.model.hidden_size, ctx.model.intermediate_size
     kw = dict(device=ctx.device, dtype=ctx.dtype)
     x = torch.randn(tokens, h, **kw)
     wg, wu = torch.randn(n, h, **kw) * h ** -0.5, torch.randn(n, h, **kw) * h ** -0.5
-    wcat = torch.cat([wg, wu])
-    flops = 4.0 * tokens * n * h
+    return x, wg, wu, torch.cat([wg, wu]), 4.0 * tokens * n * h
+
+
+def gate_section(b, tokens, providers):
+    ctx = b.ctx
+    h, n = ctx.model.hidden_size, ctx.model.intermediate_size
+    kw = dict(device=ctx.device, dtype=ctx.dtype)
+    x, wg, wu, wcat, flops = operands(ctx, tokens)
     e = ctx.elem
     gemm_bytes = (tokens * h + 2 * n * h + 2 * tokens * n) * e
     b.time("gate", tokens, "cublas (stacked)", lambda: torch.matmul(x, wcat.T), flops=flops,
@@ -160,16 +184,13 @@ def mlp_section(b, tokens, providers):
 
 
 def gemm_section(b, tokens):
-    import fk
+    import fk  # noqa: F401  (registers torch.ops.fk)
     ctx = b.ctx
-    h, n = ctx.model.hidden_size, ctx.model.intermediate_size
-    kw = dict(device=ctx.device, dtype=ctx.dtype)
-    x = torch.randn(tokens, h, **kw)
-    wg, wu = torch.randn(n, h, **kw) * h ** -0.5, torch.randn(n, h, **kw) * h ** -0.5
-    wcat = torch.cat([wg, wu])
-    dz, dab = torch.randn(tokens, n, **kw), torch.randn(tokens, 2 * n, **kw)
+    n = ctx.model.intermediate_size
+    x, wg, wu, wcat, flops = operands(ctx, tokens)
+    dz = torch.randn(tokens, n, device=ctx.device, dtype=ctx.dtype)
+    dab = torch.randn(tokens, 2 * n, device=ctx.device, dtype=ctx.dtype)
     _, s, t = torch.ops.fk._swiglu_linear_forward(x, wg, wu, [False, True])
-    flops = 4.0 * tokens * n * h
     runs = {
         "fwd cublas": lambda: torch.matmul(x, wcat.T),
         "fwd fk": lambda: torch.ops.fk._swiglu_linear_forward(x, wg, wu, [True, True]),
@@ -179,9 +200,19 @@ def gemm_section(b, tokens):
         "dw cublas": lambda: torch.matmul(dab.T, x),
         "dw fk": lambda: torch.ops.fk._swiglu_linear_backward(dz, x, wg, wu, s, t,
                                                               [False, True, True]),
+        # The whole backward both ways: fk's two kernels, or da, db written out by torch
+        # and the three products through cuBLAS.
+        "bwd fk": lambda: torch.ops.fk._swiglu_linear_backward(dz, x, wg, wu, s, t,
+                                                               [True, True, True]),
+        "bwd torch da,db + cublas": lambda: cublas_backward(dz, x, wcat, s, t),
     }
     for name, fn in runs.items():
-        b.time("gemm", tokens, name, fn, flops=flops)
+        b.time("gemm", tokens, name, fn, flops=2 * flops if name.startswith("bwd") else flops)
+
+
+def cublas_backward(dz, x, wcat, s, t):
+    dab = torch.cat([dz * t, dz * s], dim=1)
+    return torch.matmul(dab, wcat), torch.matmul(dab.T, x)
 
 
 def print_section(b, section, title):

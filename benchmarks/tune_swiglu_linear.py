@@ -10,16 +10,23 @@ weights, then the best config per kernel and style in the form triton_src takes.
     python benchmarks/tune_swiglu_linear.py --kernels fwd --styles tma,tma_ws
 
 The flops of every kernel are 4 * M * N * K (two M x N x K products). A config that does not
-fit (shared memory, registers) or fails to compile is reported and skipped.
+fit (shared memory, registers) or fails to compile is reported and skipped. `--interpret`
+runs the whole sweep under Triton's interpreter on the CPU at a tiny shape (a smoke test of
+this script; its times mean nothing).
 """
 import argparse
 import os
+import statistics
 import sys
+import time
 
-import torch
+if "--interpret" in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"  # read when triton is first imported
+
+import torch  # noqa: E402
 import triton
-import triton.language as tl
-import triton.testing
+import triton.language as tl  # noqa: E402
+import triton.testing  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "triton_src"))
 import swiglu_linear as K  # noqa: E402
@@ -99,8 +106,19 @@ def fwd_persistent_tma_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, 
 
 # --- harness ----------------------------------------------------------------------------
 
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    """Median ms of fn(): CUDA events (do_bench) on the GPU, a wall clock when interpreted."""
+    if not INTERPRET:
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
 
 
 def rel(out, ref):
@@ -111,8 +129,137 @@ def tflops(flops, ms):
     return flops / (ms * 1e-3) / 1e12
 
 
-def kernel_fn(which, style):
-    return getattr(K, K.kernel_name(which, style, K.FLAG_ALIGNED))
+def sync():
+    if not INTERPRET:
+        torch.cuda.synchronize()
+
+
+def cublas_times(x, wg, wu, flops):
+    """torch.matmul (cuBLAS) on the products of each kernel, with the weights stacked, and on
+    8192^3 for scale; printed, and returned per kernel in ms."""
+    wcat = torch.cat([wg, wu])
+    ab = torch.empty(x.shape[0], wcat.shape[0], device=x.device, dtype=x.dtype)
+    dab = torch.randn_like(ab)
+    dxo, dwo = torch.empty_like(x), torch.empty_like(wcat)
+    times = {
+        "fwd": bench(lambda: torch.matmul(x, wcat.T, out=ab)),
+        "dx": bench(lambda: torch.matmul(dab, wcat, out=dxo)),
+        "dw": bench(lambda: torch.matmul(dab.T, x, out=dwo)),
+    }
+    if not INTERPRET:
+        sq = torch.randn(8192, 8192, device=x.device, dtype=x.dtype)
+        sq_out = torch.empty_like(sq)
+        sq_ms = bench(lambda: torch.matmul(sq, sq, out=sq_out))
+        print(f"cuBLAS 8192^3: {sq_ms:.3f} ms {tflops(2 * 8192 ** 3, sq_ms):6.1f} TFLOP/s")
+    for which, ms in times.items():
+        print(f"cuBLAS {which} (stacked weights): {ms:.3f} ms {tflops(flops, ms):6.1f} TFLOP/s")
+    return times
+
+
+class Problem:
+    """The operands at one shape, the outputs the kernels write, and torch's results."""
+
+    def __init__(self, m, n, k, dtype, device):
+        self.m, self.n, self.k = m, n, k
+        self.flops = 4.0 * m * n * k
+        self.tol = 2e-2 if dtype != torch.float32 else 1e-4
+        self.x = torch.randn(m, k, device=device, dtype=dtype)
+        self.wg = torch.randn(n, k, device=device, dtype=dtype) * k ** -0.5
+        self.wu = torch.randn(n, k, device=device, dtype=dtype) * k ** -0.5
+        self.dz = torch.randn(m, n, device=device, dtype=dtype)
+        x, wg, wu = self.x.float(), self.wg.float(), self.wu.float()
+        a, b = x @ wg.T, x @ wu.T
+        sig = torch.sigmoid(a)
+        self.z_ref = (a * sig * b).to(dtype)
+        self.s_ref = (a * sig).to(dtype)
+        self.t_ref = (b * (sig + a * sig * (1 - sig))).to(dtype)
+        del a, b, sig
+        da = (self.dz.float() * self.t_ref.float()).to(dtype).float()
+        db = (self.dz.float() * self.s_ref.float()).to(dtype).float()
+        self.dx_ref = (da @ wg + db @ wu).to(dtype)
+        self.dwg_ref = (da.T @ x).to(dtype)
+        del da, db, x, wg, wu
+        self.z, self.s, self.t = (torch.empty_like(self.dz) for _ in range(3))
+        self.dx = torch.empty_like(self.x)
+        self.dwg, self.dwu = torch.empty_like(self.wg), torch.empty_like(self.wu)
+
+    def launcher(self, which, fn, cfg, store=(1, 1), extra=None):
+        """fn launched on this problem for kernel `which` with tile config cfg."""
+        bm, bn, bk, group, warps, stages = cfg
+        m, n, k = self.m, self.n, self.k
+        cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, num_warps=warps,
+                  num_stages=stages, **(extra or {}))
+        if which == "fwd":
+            grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+            if extra and "NUM_SMS" in extra:
+                grid = (min(extra["NUM_SMS"], grid[0]),)
+            return lambda: fn[grid](self.x, self.wg, self.wu, self.z, self.s, self.t, m, n, k,
+                                    store[0], store[1], **cx)
+        if which == "dx":
+            grid = (triton.cdiv(m, bm) * triton.cdiv(k, bk),)
+            return lambda: fn[grid](self.dz, self.s_ref, self.t_ref, self.wg, self.wu, self.dx,
+                                    m, n, k, **cx)
+        grid = (triton.cdiv(n, bn) * triton.cdiv(k, bk),)
+        return lambda: fn[grid](self.dz, self.s_ref, self.t_ref, self.x, self.dwg, self.dwu,
+                                m, n, k, **cx)
+
+    def error(self, which):
+        if which == "fwd":
+            return max(rel(self.z, self.z_ref), rel(self.s, self.s_ref), rel(self.t, self.t_ref))
+        return rel(self.dx, self.dx_ref) if which == "dx" else rel(self.dwg, self.dwg_ref)
+
+
+def measure(p, which, label, run, cublas_ms):
+    """Run once, check against torch, time; print one line. TFLOP/s, or None on failure."""
+    try:
+        for out in (p.z, p.s, p.t, p.dx, p.dwg):
+            out.fill_(float("nan"))
+        run()
+        sync()
+        err = p.error(which)
+        ms = bench(run)
+    except Exception as e:  # noqa: BLE001 - report the config and go on
+        print(f"{label}: failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}")
+        sync()
+        return None
+    ok = err < p.tol
+    tf = tflops(p.flops, ms)
+    print(f"{label}: {ms:7.3f} ms {tf:6.1f} TFLOP/s {100 * cublas_ms / ms:5.1f} % of cuBLAS  "
+          f"{'ok' if ok else f'WRONG (rel err {err:.2e})'}")
+    return tf if ok else None
+
+
+def sweep(p, which, styles, quick, cublas_ms, best):
+    for style in styles:
+        fn = getattr(K, K.kernel_name(which, style, K.FLAG_ALIGNED))
+        for cfg in candidates(which, style, quick):
+            label = (f"{which} {style:6s} BM={cfg[0]:3d} BN={cfg[1]:3d} BK={cfg[2]:3d} "
+                     f"G={cfg[3]:2d} warps={cfg[4]} stages={cfg[5]}")
+            tf = measure(p, which, label, p.launcher(which, fn, cfg), cublas_ms)
+            if tf and tf > best.get((which, style), (0.0, None))[0]:
+                best[(which, style)] = (tf, cfg)
+
+
+def forward_extras(p, styles, best, cublas_ms, sms, quick):
+    """The store modes of the best forward config per style, and the persistent candidate."""
+    for style in styles:
+        if ("fwd", style) not in best:
+            continue
+        cfg = best[("fwd", style)][1]
+        fn = getattr(K, K.kernel_name("fwd", style, K.FLAG_ALIGNED))
+        for store, name in (((1, 0), "z only (no grad)"), ((0, 1), "s, t (recompute)"),
+                            ((1, 1), "z, s, t (training)")):
+            ms = bench(p.launcher("fwd", fn, cfg, store))
+            print(f"fwd {style} {cfg} writing {name}: {ms:.3f} ms "
+                  f"{tflops(p.flops, ms):6.1f} TFLOP/s")
+    if "tma" not in styles:
+        return
+    cfgs = ((128, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4), (128, 64, 64, 8, 4, 4))
+    for ws in (False, True):
+        for cfg in cfgs[:1] if quick else cfgs:
+            run = p.launcher("fwd", fwd_persistent_tma_kernel, cfg,
+                             extra={"NUM_SMS": sms, "WARP_SPECIALIZE": ws})
+            measure(p, "fwd", f"fwd persistent-tma ws={ws} {cfg}", run, cublas_ms)
 
 
 def main():
@@ -121,149 +268,40 @@ def main():
     ap.add_argument("--hidden", type=int, default=4096, help="K: input width")
     ap.add_argument("--inter", type=int, default=14336, help="N: gate / up width")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    ap.add_argument("--quick", action="store_true", help="three configs per kernel")
+    ap.add_argument("--quick", action="store_true", help="three configs per kernel and style")
     ap.add_argument("--kernels", default="fwd,dx,dw", help="which kernels to sweep")
     ap.add_argument("--styles", default="ptr,tma,tma_ws", help="which kernel styles to sweep")
+    ap.add_argument("--interpret", action="store_true",
+                    help="smoke test on the CPU under Triton's interpreter, tiny shape")
     args = ap.parse_args()
-    m, k, n = args.tokens, args.hidden, args.inter
+    if INTERPRET:
+        args.tokens, args.hidden, args.inter, args.quick = 96, 64, 128, True
+        device, sms, name = "cpu", 4, "Triton interpreter (CPU)"
+    else:
+        device = "cuda"
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        name = f"{torch.cuda.get_device_name(0)} ({sms} SMs)"
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
+                                                                      device=device))
     dtype = DTYPES[args.dtype]
-    dev = "cuda"
     torch.manual_seed(0)
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
-                                                                  device=dev))
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    flops = 4.0 * m * n * k
-    print(f"swiglu_linear tune: M={m} tokens, K={k}, N={n}, {args.dtype}, "
-          f"{torch.cuda.get_device_name(0)} ({sms} SMs), triton {triton.__version__}, "
-          f"torch {torch.__version__}; {flops / 1e12:.2f} TFLOP per kernel")
-
-    x = torch.randn(m, k, device=dev, dtype=dtype)
-    wg = torch.randn(n, k, device=dev, dtype=dtype) * k ** -0.5
-    wu = torch.randn(n, k, device=dev, dtype=dtype) * k ** -0.5
-    wcat = torch.cat([wg, wu])
-    dz = torch.randn(m, n, device=dev, dtype=dtype)
-
-    # cuBLAS on the same products with the two weights stacked.
-    ab = torch.empty(m, 2 * n, device=dev, dtype=dtype)
-    dab = torch.randn(m, 2 * n, device=dev, dtype=dtype)
-    dxo = torch.empty(m, k, device=dev, dtype=dtype)
-    dwo = torch.empty(2 * n, k, device=dev, dtype=dtype)
-    cublas = {
-        "fwd": bench(lambda: torch.matmul(x, wcat.T, out=ab)),
-        "dx": bench(lambda: torch.matmul(dab, wcat, out=dxo)),
-        "dw": bench(lambda: torch.matmul(dab.T, x, out=dwo)),
-    }
-    sq = torch.randn(8192, 8192, device=dev, dtype=dtype)
-    sq_out = torch.empty_like(sq)
-    sq_ms = bench(lambda: torch.matmul(sq, sq, out=sq_out))
-    print(f"cuBLAS 8192^3: {sq_ms:.3f} ms {tflops(2 * 8192 ** 3, sq_ms):6.1f} TFLOP/s")
-    for which, ms in cublas.items():
-        print(f"cuBLAS {which} (stacked weights): {ms:.3f} ms {tflops(flops, ms):6.1f} TFLOP/s")
-    del sq, sq_out, ab, dab, dxo, dwo
-
-    # Reference results (fp32 products of the same operands).
-    a = (x.float() @ wg.float().T)
-    b = (x.float() @ wu.float().T)
-    sig = torch.sigmoid(a)
-    z_ref = (a * sig * b).to(dtype)
-    s_ref = (a * sig).to(dtype)
-    t_ref = (b * (sig + a * sig * (1 - sig))).to(dtype)
-    del a, b, sig
-    da = (dz.float() * t_ref.float()).to(dtype)
-    db = (dz.float() * s_ref.float()).to(dtype)
-    dx_ref = (da.float() @ wg.float() + db.float() @ wu.float()).to(dtype)
-    dwg_ref = (da.float().T @ x.float()).to(dtype)
-    del da, db
-
-    z, s, t = (torch.empty(m, n, device=dev, dtype=dtype) for _ in range(3))
-    dx = torch.empty(m, k, device=dev, dtype=dtype)
-    dwg, dwu = torch.empty(n, k, device=dev, dtype=dtype), torch.empty(n, k, device=dev, dtype=dtype)
-    tol = 2e-2 if dtype != torch.float32 else 1e-4
-
-    def launch(which, style, cfg, store=(1, 1)):
-        bm, bn, bk, group, warps, stages = cfg
-        fn = kernel_fn(which, style)
-        cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, num_warps=warps,
-                  num_stages=stages)
-        if which == "fwd":
-            grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-            return lambda: fn[grid](x, wg, wu, z, s, t, m, n, k, store[0], store[1], **cx)
-        if which == "dx":
-            grid = (triton.cdiv(m, bm) * triton.cdiv(k, bk),)
-            return lambda: fn[grid](dz, s_ref, t_ref, wg, wu, dx, m, n, k, **cx)
-        grid = (triton.cdiv(n, bn) * triton.cdiv(k, bk),)
-        return lambda: fn[grid](dz, s_ref, t_ref, x, dwg, dwu, m, n, k, **cx)
-
-    def check(which):
-        if which == "fwd":
-            return max(rel(z, z_ref), rel(s, s_ref), rel(t, t_ref))
-        return rel(dx, dx_ref) if which == "dx" else rel(dwg, dwg_ref)
-
-    best = {}
+    p = Problem(args.tokens, args.inter, args.hidden, dtype, device)
+    print(f"swiglu_linear tune: M={p.m} tokens, K={p.k}, N={p.n}, {args.dtype}, {name}, "
+          f"triton {triton.__version__}, torch {torch.__version__}; "
+          f"{p.flops / 1e12:.2f} TFLOP per kernel")
+    cublas = cublas_times(p.x, p.wg, p.wu, p.flops)
     # TMA kernels are used for 16-bit dtypes only (triton_src/swiglu_linear.py).
     styles = [st for st in args.styles.split(",") if dtype != torch.float32 or st == "ptr"]
+    best = {}
     for which in args.kernels.split(","):
-        print(f"\n[{which}] cuBLAS {tflops(flops, cublas[which]):.1f} TFLOP/s")
-        for style in styles:
-            for cfg in candidates(which, style, args.quick):
-                label = f"{which} {style:6s} BM={cfg[0]:3d} BN={cfg[1]:3d} BK={cfg[2]:3d} " \
-                        f"G={cfg[3]:2d} warps={cfg[4]} stages={cfg[5]}"
-                try:
-                    fn = launch(which, style, cfg)
-                    fn()
-                    torch.cuda.synchronize()
-                    err = check(which)
-                    ms = bench(fn)
-                except Exception as e:  # noqa: BLE001 - report the config and go on
-                    print(f"{label}: failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
-                    torch.cuda.synchronize()
-                    continue
-                ok = "ok" if err < tol else f"WRONG (rel err {err:.2e})"
-                tf = tflops(flops, ms)
-                print(f"{label}: {ms:7.3f} ms {tf:6.1f} TFLOP/s "
-                      f"{100 * cublas[which] / ms:5.1f} % of cuBLAS  {ok}")
-                if err < tol and tf > best.get((which, style), (0, None))[0]:
-                    best[(which, style)] = (tf, cfg)
+        print(f"\n[{which}] cuBLAS {tflops(p.flops, cublas[which]):.1f} TFLOP/s")
+        sweep(p, which, styles, args.quick, cublas[which], best)
         if which == "fwd":
-            # The three store modes of the best forward config of each style.
-            for style in styles:
-                if (which, style) not in best:
-                    continue
-                cfg = best[(which, style)][1]
-                for store, name in (((1, 0), "z only (no grad)"), ((0, 1), "s, t (recompute)"),
-                                    ((1, 1), "z, s, t (training)")):
-                    ms = bench(launch(which, style, cfg, store))
-                    print(f"fwd {style} {cfg} writing {name}: {ms:.3f} ms "
-                          f"{tflops(flops, ms):6.1f} TFLOP/s")
-            # Experimental: persistent TMA forward, with and without warp specialization.
-            for ws in ((False, True) if "tma" in styles else ()):
-                for cfg in ((128, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4), (128, 64, 64, 8, 4, 4)):
-                    bm, bn, bk, group, warps, stages = cfg
-                    label = f"fwd persistent-tma ws={ws} {cfg}"
-                    try:
-                        grid = (min(sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
-                        fn = lambda: fwd_persistent_tma_kernel[grid](  # noqa: E731
-                            x, wg, wu, z, s, t, m, n, k, 1, 1, BLOCK_M=bm, BLOCK_N=bn,
-                            BLOCK_K=bk, GROUP_M=group, NUM_SMS=sms, WARP_SPECIALIZE=ws,
-                            num_warps=warps, num_stages=stages)
-                        z.zero_()
-                        fn()
-                        torch.cuda.synchronize()
-                        err = check("fwd")
-                        ms = bench(fn)
-                    except Exception as e:  # noqa: BLE001
-                        print(f"{label}: failed: {type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:120]}")
-                        torch.cuda.synchronize()
-                        continue
-                    ok = "ok" if err < tol else f"WRONG (rel err {err:.2e})"
-                    print(f"{label}: {ms:7.3f} ms {tflops(flops, ms):6.1f} TFLOP/s "
-                          f"{100 * cublas['fwd'] / ms:5.1f} % of cuBLAS  {ok}")
-
-    print("\nbest per kernel and style (triton_src/swiglu_linear.py _SM90 entry form):")
+            forward_extras(p, styles, best, cublas["fwd"], sms, args.quick)
+    print("\nbest per kernel and style (the form of triton_src/swiglu_linear.py's _SM90):")
     for (which, style), (tf, cfg) in sorted(best.items()):
         print(f'  "{which}": ("{style}", {", ".join(map(str, cfg))}),   # {tf:.1f} TFLOP/s, '
-              f"{100 * tf / tflops(flops, cublas[which]):.1f} % of cuBLAS")
+              f"{100 * tf / tflops(p.flops, cublas[which]):.1f} % of cuBLAS")
 
 
 if __name__ == "__main__":
