@@ -21,6 +21,11 @@ Backward, both GEMMs form [da, db] in their operand loads and never write them o
 da and db are rounded to the input dtype before the tensor-core product (what a separate
 elementwise kernel followed by a GEMM would do); every accumulation is fp32.
 
+Each kernel has a pointer version (masked tl.load pipelined with cp.async, any shape and
+alignment) and TMA versions (``*_tma_kernel``, ``*_tma_ws_kernel``: descriptors built on
+the device, plain or warp-specialized main loop) for aligned 16-bit variants; which one an
+arch uses is data in ``_CONFIGS`` below (benchmarks/tune_swiglu_linear.py measures them).
+
 Programs are ordered in groups of GROUP_M tile rows so that tiles running together share
 operand panels in L2. Each tile's base offset is formed in int64 and the in-tile offsets in
 int32, so tensors past 2^31 elements work. Edges are masked: any M, N, K.
@@ -363,9 +368,10 @@ def swiglu_linear_dw_tma_ws_kernel(dz_ptr, s_ptr, t_ptr, x_ptr, dwg_ptr, dwu_ptr
 # (three TF32 products per step) halves the tiles. Every config here compiles without
 # register spills (ptxas -v) on its arch.
 # sm_80 / sm_120 (mma.sync: operands and accumulators in registers; 163 / 99 KB of shared
-# memory): the 16-bit tiles above spill there, so the accumulators are 128 x 64 (fwd,
-# dw) or 128 x 64 per warp set (dx), all under 64 KB of shared memory. sm_100 / sm_103
-# (tcgen05, accumulators in tensor memory): the sm_90 tiles.
+# memory): the 16-bit sm_90 tiles spill there, so each accumulator is 128 x 64 (16-bit)
+# and smaller for float32, all under 64 KB of shared memory. sm_100 / sm_103 (tcgen05,
+# accumulators in tensor memory): the sm_90 tiles. Every arch ships the pointer style
+# until the TMA styles have been measured and tested on its GPU.
 _SM90 = {
     2: {"fwd": ("ptr", 128, 128, 64, 8, 8, 3),
         "dx": ("ptr", 128, 64, 128, 8, 8, 3),

@@ -48,6 +48,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_forward_cuda(
   auto make = [&](bool want) { return want ? at::empty(sizes, x.options()) : at::Tensor(); };
   at::Tensor z = make(output_mask[0]), s = make(output_mask[1]), t = make(output_mask[1]);
   if (m == 0 || n == 0 || !(output_mask[0] || output_mask[1])) return {z, s, t};
+  if (k == 0) {  // a = b = 0, so z, s and t are zero; no launch (nor a TMA descriptor of width 0)
+    for (at::Tensor* out : {&z, &s, &t}) {
+      if (out->defined()) out->zero_();
+    }
+    return {z, s, t};
+  }
 
   static const auto& fam = runtime::family("swiglu_linear_fwd");
   const auto& kern = fam.pick(op, x2, 0, flags_for(n, k, {&x2, &wg, &wu, &z, &s, &t}));

@@ -18,8 +18,8 @@ def swiglu_linear(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
             of the output's size, ``silu(a)`` and ``b * silu'(a)`` (``a = x @ w_gate.T``,
             ``b = x @ w_up.T``), written by the forward kernel next to the output.
             True: nothing but ``x`` and the weights; the backward first runs the forward
-            GEMM again to form them (about one third more backward time, two output-sized
-            tensors less memory between forward and backward).
+            GEMM again to form them (half again the op's backward work; two output-sized
+            tensors less memory held from the forward to the backward).
 
     Returns:
         ``(..., N)`` of ``x``'s dtype, contiguous. Differentiable in ``x``, ``w_gate`` and
