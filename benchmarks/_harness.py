@@ -51,6 +51,10 @@ def make_parser(description: str) -> argparse.ArgumentParser:
                    help=f"smoke test: model widths / {QUICK_DIV}, short timing")
     p.add_argument("--warmup", type=float, default=25.0, help="warm-up time per measurement, ms")
     p.add_argument("--rep", type=float, default=100.0, help="timed repetitions per measurement, ms")
+    p.add_argument("--timer", default="events", choices=["events", "kernels"],
+                   help="events: time per call with CUDA events (what a caller waits for, "
+                        "launch and CPU overhead included); kernels: the GPU time of the "
+                        "kernels a call runs (torch.profiler), without launch gaps")
     p.add_argument("--out", default=str(RESULTS_DIR), help="CSV folder ('' writes no CSV)")
     return p
 
@@ -100,6 +104,25 @@ def bench_ms(fn, device, warmup=25.0, rep=100.0, grads=()):
     for _ in range(min(1000, int(warmup / est))):
         once()
     return statistics.median(once() for _ in range(max(5, min(1000, int(rep / est)))))
+
+
+def kernel_ms(fn, device, iters=10, grads=()):
+    """GPU time of ``fn()`` in ms: the summed duration of the kernels (and copies) it runs,
+    from torch.profiler, median over ``iters`` calls with the L2 cache flushed before each.
+    Gaps between kernels (Python, dispatcher, autograd and launch overhead) are not in it."""
+    from torch.profiler import ProfilerActivity, profile
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    times = []
+    for _ in range(iters + 2):
+        for t in grads:
+            t.grad = None
+        flush.zero_()
+        _sync(device)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            _sync(device)
+        times.append(sum(e.device_time_total for e in prof.key_averages()) / 1e3)
+    return statistics.median(times[2:])
 
 
 def peak_mb(fn, device, grads=()):
@@ -186,7 +209,10 @@ def run(ctx, op, make_inputs, providers, bytes_moved, shape=""):
                     for t in grads:
                         t.grad = None
                     mb = peak_mb(step, device, grads)
-                    ms = bench_ms(step, device, args.warmup, args.rep, grads)
+                    if args.timer == "kernels" and device.type == "cuda":
+                        ms = kernel_ms(step, device, grads=grads)
+                    else:
+                        ms = bench_ms(step, device, args.warmup, args.rep, grads)
                 except Exception as e:  # noqa: BLE001
                     broken.add(name)
                     msg = (str(e).strip().splitlines() or [""])[0][:160]
@@ -194,12 +220,14 @@ def run(ctx, op, make_inputs, providers, bytes_moved, shape=""):
                                  f"{type(e).__name__}: {msg}")
                     continue
                 rows.append(dict(info, op=op, model=ctx.model.name, dtype=args.dtype, mode=mode,
+                                 timer=args.timer if device.type == "cuda" else "wall",
                                  tokens=tokens, provider=name, ms=ms, peak_mb=mb, bytes=nbytes,
                                  copy_bw=copy_bw,
                                  fraction_of_copy_bw=nbytes / (ms * 1e-3) / copy_bw))
                 del inputs, grads, grad_out, step
 
-    print(f"{op} | {ctx.model.name} {shape} | {args.dtype} | {info['gpu']} | torch "
+    timer = "GPU kernel time" if args.timer == "kernels" else "time per call (CUDA events)"
+    print(f"{op} | {ctx.model.name} {shape} | {args.dtype} | {timer} | {info['gpu']} | torch "
           f"{info['torch']} triton {info['triton'] or '-'} fk {info['fk']} liger "
           f"{info['liger'] or '-'} | ceiling {copy_bw / 1e12:.2f} TB/s ({bw_src})")
     for mode in ctx.modes:
@@ -257,8 +285,8 @@ def print_table(mode, rows):
 
 
 CSV_COLUMNS = ["gpu", "torch", "triton", "fk", "liger", "op", "model", "dtype", "mode", "tokens",
-               "provider", "ms", "peak_mb", "bytes", "copy_bw", "fraction_of_copy_bw"]
-_KEY = ("op", "model", "dtype", "mode", "tokens", "provider")
+               "provider", "timer", "ms", "peak_mb", "bytes", "copy_bw", "fraction_of_copy_bw"]
+_KEY = ("op", "model", "dtype", "mode", "tokens", "provider", "timer")
 
 
 def write_csv(rows, out_dir: Path, op, gpu):
@@ -270,7 +298,8 @@ def write_csv(rows, out_dir: Path, op, gpu):
     old = []
     if path.exists():
         with open(path, newline="") as f:
-            old = [r for r in csv.DictReader(f) if tuple(r.get(k, "") for k in _KEY) not in keys]
+            old = [dict(r, timer=r.get("timer") or "events") for r in csv.DictReader(f)]
+            old = [r for r in old if tuple(r.get(k, "") for k in _KEY) not in keys]
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         w.writeheader()

@@ -35,8 +35,10 @@ if [[ $STEPS == *tests* ]]; then
   FK_BLOCK_TRITON=1 python3 -m pytest tests/integration -q -p no:cacheprovider 2>&1 \
     | tee "$OUT/tests_integration.log" | tail -5
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
-  # torch.compile and opcheck import triton through torch itself when it is installed.
-  FK_CHECK_NO_TRITON=1 python3 -m pytest tests/ops -m cuda -k "not compile and not opcheck" -q -x \
+  # torch.compile, opcheck and torch's dispatch modes (a TorchDispatchMode test) import triton
+  # through torch itself when it is installed.
+  FK_CHECK_NO_TRITON=1 python3 -m pytest tests/ops -m cuda \
+    -k "not compile and not opcheck and not asks_only_for_needed_gradients" -q -x \
     -p no:cacheprovider 2>&1 | tee "$OUT/tests_no_triton_import.log" | tail -3
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
 fi
@@ -55,10 +57,11 @@ fi
 if [[ $STEPS == *bench* ]]; then
   # BENCH_OPS (space-separated) restricts the ops; default: every benchmarks/benchmark_<op>.py.
   OPS=${BENCH_OPS:-$(ls benchmarks/benchmark_*.py | sed 's|.*/benchmark_||; s|\.py$||')}
-  for pass in 1 2; do
+  # BENCH_PASSES (default 2) runs; BENCH_ARGS is passed on (e.g. "--tokens 8192").
+  for pass in $(seq ${BENCH_PASSES:-2}); do
     for op in $OPS; do
       python3 benchmarks/benchmark_$op.py --model llama_3_8b --sweep-mode token_length \
-        --out "$OUT" 2>&1 | tee -a "$OUT/bench_$op.log"
+        --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench_$op.log"
     done
   done
 fi

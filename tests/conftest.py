@@ -17,12 +17,21 @@ else:
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+_FIRST_TRITON_IMPORT = []
+
+
+def pytest_runtest_teardown(item):
+    if not _FIRST_TRITON_IMPORT and "triton" in sys.modules:
+        _FIRST_TRITON_IMPORT.append(item.nodeid)
+
+
 def pytest_sessionfinish(session, exitstatus):
     # FK_CHECK_NO_TRITON=1 (with Triton installed and importable): fail the run if anything
-    # imported it. Use with tests that do not import Triton themselves (marker cuda, no
-    # torch.compile).
+    # imported it, naming the first test after which it was loaded. Use with tests that do
+    # not import Triton themselves (marker cuda, no torch.compile).
     if os.environ.get("FK_CHECK_NO_TRITON") == "1" and "triton" in sys.modules:
-        print("\nerror: triton was imported during this run")
+        where = _FIRST_TRITON_IMPORT[0] if _FIRST_TRITON_IMPORT else "collection"
+        print(f"\nerror: triton was imported during this run (first seen after {where})")
         session.exitstatus = 1
 
 

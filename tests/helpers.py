@@ -7,6 +7,7 @@ with fk's CPU backend.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import sys
 
@@ -90,6 +91,19 @@ def ref_swiglu(a, b, cast=round_nearest):
     return out.to(a.dtype) if a.dtype == torch.float64 else cast(out.float(), a.dtype)
 
 
+def ref_gelu(a, approximate):
+    """gelu from its definition: the tanh form (Gemma's gelu_pytorch_tanh) or exact (erf)."""
+    if approximate == "tanh":
+        return 0.5 * a * (1 + torch.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3)))
+    return 0.5 * a * (1 + torch.erf(a / math.sqrt(2)))
+
+
+def ref_geglu(a, b, approximate, cast=round_nearest):
+    """gelu(a) * b in float64, rounded once to a's dtype with `cast`."""
+    out = ref_gelu(a.double(), approximate) * b.double()
+    return out.to(a.dtype) if a.dtype == torch.float64 else cast(out.float(), a.dtype)
+
+
 def ref_rms_norm(x, weight=None, eps=1e-6, offset=0.0, casting_mode="llama", cast=round_nearest):
     """RMSNorm as the models define it, computed in fp32 (fp64 for fp64 inputs) and rounded
     to x's dtype with `cast` where each model rounds:
@@ -159,3 +173,37 @@ def misaligned(t: torch.Tensor) -> torch.Tensor:
     view.copy_(t)
     assert view.data_ptr() % 16 != 0
     return view
+
+
+# --- cross entropy (fk.cross_entropy, fk.fused_linear_cross_entropy) ---------------------
+
+def ref_cross_entropy(logits, target, weight=None, ignore_index=-100, label_smoothing=0.0,
+                      reduction="mean", lse_square_scale=0.0, softcap=None):
+    """(loss, z_loss) in float64: torch's F.cross_entropy of the softcapped logits
+    (softcap * tanh(logits / softcap)), plus the z-loss lse_square_scale * logsumexp^2 of
+    each non-ignored row, summed, averaged over non-ignored rows ("mean") or per row."""
+    import torch.nn.functional as F
+
+    x = logits.double()
+    if softcap is not None:
+        x = softcap * torch.tanh(x / softcap)
+    keep = target != ignore_index
+    z = torch.where(keep, lse_square_scale * torch.logsumexp(x, -1) ** 2, 0.0)
+    ce = F.cross_entropy(x, target, None if weight is None else weight.double(),
+                         ignore_index=ignore_index, label_smoothing=label_smoothing,
+                         reduction=reduction)
+    if reduction == "none":
+        return ce + z, z
+    z = z.sum() if reduction == "sum" else z.sum() / keep.sum()
+    return ce + z, z
+
+
+def ref_fused_linear_cross_entropy(x, weight, target, bias=None, ce_weight=None, **kwargs):
+    """ref_cross_entropy of the logits x @ weight^T + bias, formed in float64 and rounded to
+    x's dtype (as a matmul with float32 accumulation returns them); differentiable."""
+    logits = x.double() @ weight.double().t()
+    if bias is not None:
+        logits = logits + bias.double()
+    if x.dtype != torch.float64:
+        logits = logits.to(x.dtype).double()
+    return ref_cross_entropy(logits, target, ce_weight, **kwargs)

@@ -59,3 +59,90 @@ def aligned_args(signature: dict, flags: int, extra: tuple = ()) -> tuple:
 @triton.jit
 def sigmoid_f32(x):
     return 1.0 / (1.0 + tl.exp(-x))
+
+
+# --- RMSNorm pieces, shared by rms_norm and fused_add_rms_norm -----------------------------
+# ``casting`` is the run-time casting mode of triton_src/rms_norm.py: 0 none, 1 llama,
+# 2 gemma.
+
+@triton.jit
+def round_to(x, dtype):
+    """x rounded to ``dtype`` and returned in fp32."""
+    return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def rms_weight(w_ptr, cols, mask, offset, has_w, casting, dtype):
+    """(offset + w) in fp32, rounded to ``dtype`` except in gemma mode; reads as ``offset``
+    without a weight (``has_w == 0``: the load is masked off)."""
+    w = tl.load(w_ptr + cols, mask=mask & (has_w != 0), other=0.0).to(tl.float32)
+    wp = offset + w
+    if casting != 2:
+        wp = round_to(wp, dtype)
+    return wp
+
+
+@triton.jit
+def rms_normalize(x, rstd, casting, dtype):
+    """x * rstd, with rstd rounded to ``dtype`` in none mode and the product rounded to
+    ``dtype`` except in gemma mode; in fp32."""
+    if casting == 0:
+        rstd = round_to(rstd, dtype)
+    xh = x * rstd
+    if casting != 2:
+        xh = round_to(xh, dtype)
+    return xh
+
+
+@triton.jit
+def _rms_bwd_chunk(dy_ptr, x_ptr, w_ptr, dy_row, x_row, start, N, offset, has_w, casting, dtype,
+                   BLOCK_N: tl.constexpr):
+    """One BLOCK_N chunk of a row for the looped backward: columns, mask, dy, x, offset + w
+    (fp32). ``dy_row`` / ``x_row``: the row's first element offsets."""
+    cols = start + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    x = tl.load(x_ptr + x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + dy_row + cols, mask=mask, other=0.0).to(tl.float32)
+    return cols, mask, dy, x, rms_weight(w_ptr, cols, mask, offset, has_w, casting, dtype)
+
+
+@triton.jit
+def rms_norm_bwd_looped_rows(dy_ptr, ds_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, dy_stride,
+                             ds_stride, x_stride, dx_stride, M, N, offset, rows_per_program,
+                             has_w, has_ds, want_dx, want_dw, casting, BLOCK_N: tl.constexpr):
+    """The RMSNorm backward of one program of a persistent grid, for any N (chunks of
+    BLOCK_N, two passes per row): over its range of rows, dx = rstd * (dy * (offset + w) -
+    x_hat * c) plus ds when ``has_ds`` (rounded once to x's dtype, stored when ``want_dx``),
+    and its fp32 partial dw accumulated in row ``program_id`` of ``dw_ptr`` when
+    ``want_dw``."""
+    dtype = x_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    row_start = pid.to(tl.int64) * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, M)
+    dw_row = dw_ptr + pid.to(tl.int64) * N
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        tl.store(dw_row + cols, tl.zeros((BLOCK_N,), dtype=tl.float32),
+                 mask=(cols < N) & (want_dw != 0))
+    for row in range(row_start, row_end):
+        rstd = tl.load(rstd_ptr + row)
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            cols, mask, dy, x, wp = _rms_bwd_chunk(dy_ptr, x_ptr, w_ptr, row * dy_stride,
+                                                   row * x_stride, start, N, offset, has_w,
+                                                   casting, dtype, BLOCK_N)
+            acc += dy * wp * x * rstd
+        c = tl.sum(acc, axis=0) / N
+        for start in range(0, N, BLOCK_N):
+            cols, mask, dy, x, wp = _rms_bwd_chunk(dy_ptr, x_ptr, w_ptr, row * dy_stride,
+                                                   row * x_stride, start, N, offset, has_w,
+                                                   casting, dtype, BLOCK_N)
+            xh = x * rstd
+            dx = rstd * (dy * wp - xh * c)
+            ds = tl.load(ds_ptr + row * ds_stride + cols, mask=mask & (has_ds != 0), other=0.0)
+            dx += ds.to(tl.float32)
+            tl.store(dx_ptr + row * dx_stride + cols, dx.to(dtype), mask=mask & (want_dx != 0))
+            wmask = mask & (want_dw != 0)
+            dw = tl.load(dw_row + cols, mask=wmask, other=0.0)
+            dw += dy * rms_normalize(x, rstd, casting, dtype)
+            tl.store(dw_row + cols, dw, mask=wmask)

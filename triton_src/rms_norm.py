@@ -22,35 +22,13 @@ The C++ side reduces the partial dw rows to dw.
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args, rms_norm_bwd_looped_rows
+from _common import rms_normalize as _normalize
+from _common import rms_weight as _weight
 
 CASTING_NONE = 0
 CASTING_LLAMA = 1
 CASTING_GEMMA = 2
-
-
-@triton.jit
-def _round_to(x, dtype):
-    return x.to(dtype).to(tl.float32)
-
-
-@triton.jit
-def _weight(w_ptr, cols, mask, offset, has_w, casting, dtype):
-    w = tl.load(w_ptr + cols, mask=mask & (has_w != 0), other=0.0).to(tl.float32)
-    wp = offset + w
-    if casting != 2:
-        wp = _round_to(wp, dtype)
-    return wp
-
-
-@triton.jit
-def _normalize(x, rstd, casting, dtype):
-    if casting == 0:
-        rstd = _round_to(rstd, dtype)
-    xh = x * rstd
-    if casting != 2:
-        xh = _round_to(xh, dtype)
-    return xh
 
 
 @triton.jit
@@ -120,47 +98,13 @@ def rms_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, dy_strid
 
 
 @triton.jit
-def _bwd_chunk(x_ptr, dy_ptr, w_ptr, row, x_stride, dy_stride, start, N, offset, has_w, casting,
-               dtype, BLOCK_N: tl.constexpr):
-    """One BLOCK_N chunk of a row for the looped backward: columns, mask, x, dy, offset + w."""
-    cols = start + tl.arange(0, BLOCK_N)
-    mask = cols < N
-    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + row * dy_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    return cols, mask, x, dy, _weight(w_ptr, cols, mask, offset, has_w, casting, dtype)
-
-
-@triton.jit
 def rms_norm_bwd_looped_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, dy_stride,
                                x_stride, dx_stride, M, N, offset, rows_per_program, has_w,
                                casting, BLOCK_N: tl.constexpr):
-    dtype = x_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    row_start = pid.to(tl.int64) * rows_per_program
-    row_end = tl.minimum(row_start + rows_per_program, M)
-    dw_row = dw_ptr + pid.to(tl.int64) * N
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        tl.store(dw_row + cols, tl.zeros((BLOCK_N,), dtype=tl.float32),
-                 mask=(cols < N) & (has_w != 0))
-    for row in range(row_start, row_end):
-        rstd = tl.load(rstd_ptr + row)
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
-            cols, mask, x, dy, wp = _bwd_chunk(x_ptr, dy_ptr, w_ptr, row, x_stride, dy_stride,
-                                               start, N, offset, has_w, casting, dtype, BLOCK_N)
-            acc += dy * wp * x * rstd
-        c = tl.sum(acc, axis=0) / N
-        for start in range(0, N, BLOCK_N):
-            cols, mask, x, dy, wp = _bwd_chunk(x_ptr, dy_ptr, w_ptr, row, x_stride, dy_stride,
-                                               start, N, offset, has_w, casting, dtype, BLOCK_N)
-            xh = x * rstd
-            dx = rstd * (dy * wp - xh * c)
-            tl.store(dx_ptr + row * dx_stride + cols, dx.to(dtype), mask=mask)
-            wmask = mask & (has_w != 0)
-            dw = tl.load(dw_row + cols, mask=wmask, other=0.0)
-            dw += dy * _normalize(x, rstd, casting, dtype)
-            tl.store(dw_row + cols, dw, mask=wmask)
+    # No gradient added to dx (has_ds 0), dx always stored, partial dw whenever a weight.
+    rms_norm_bwd_looped_rows(dy_ptr, dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, dy_stride,
+                             dy_stride, x_stride, dx_stride, M, N, offset, rows_per_program,
+                             has_w, 0, 1, has_w, casting, BLOCK_N)
 
 
 @triton.jit

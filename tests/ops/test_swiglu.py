@@ -184,7 +184,7 @@ def test_cuda_more_than_2_31_elements():
     torch.cuda.empty_cache()
 
 
-# --- backward_in_place -------------------------------------------------------------------
+# --- backward_in_place (the contract itself: tests/ops/test_glu.py) ----------------------
 
 def _mlp_grads(in_place, device="cpu", dtype=torch.float32, seed=0):
     torch.manual_seed(seed)
@@ -206,65 +206,6 @@ def _torch_mlp_grads(device="cpu", dtype=torch.float32, seed=0):
 def test_mlp_backward_matches_torch(in_place):
     for got, ref in zip(_mlp_grads(in_place), _torch_mlp_grads()):
         assert_close(got, ref, torch.float32, factor=10)
-
-
-def test_in_place_backward_writes_into_inputs_and_default_does_not():
-    a, b, dc = randn(4, 33), randn(4, 33), randn(4, 33)
-    a0, b0 = a.clone(), b.clone()
-    ga, gb = ref_grads(_silu_mul, [a0.clone().requires_grad_(), b0.clone().requires_grad_()], dc)
-    a1, b1 = a0.clone().requires_grad_(), b0.clone().requires_grad_()
-    fk.swiglu(a1 * 1, b1 * 1).backward(dc)          # default: intermediates untouched
-    assert_close(a1.grad, ga, torch.float32, factor=2)
-    ai, bi = (a0 * 1).requires_grad_(), (b0 * 1).requires_grad_()
-    fk.swiglu(ai, bi, backward_in_place=True).backward(dc)
-    # ai / bi are leaves here, so their memory now holds their gradients (as documented).
-    assert_close(ai, ga, torch.float32, factor=2)
-    assert_close(bi, gb, torch.float32, factor=2)
-    a2, b2 = a0.clone().requires_grad_(), b0.clone().requires_grad_()
-    fk.swiglu(a2, b2).backward(dc)
-    assert torch.equal(a2, a0) and torch.equal(b2, b0)
-
-
-def test_in_place_skipped_when_graph_retained():
-    a0, b0, dc = randn(4, 33), randn(4, 33), randn(4, 33)
-    a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
-    y = fk.swiglu(a, b, backward_in_place=True)
-    y.backward(dc, retain_graph=True)
-    first = a.grad.clone()
-    assert torch.equal(a, a0)
-    y.backward(dc)
-    assert_close(a.grad, 2 * first, torch.float32)
-
-
-@pytest.mark.parametrize("in_place", [True, False])
-def test_double_backward_is_a_clear_error(in_place):
-    a = randn(3, 8).requires_grad_()
-    b = randn(3, 8).requires_grad_()
-    a0 = a.detach().clone()
-    y = fk.swiglu(a * 1, b * 1, in_place)
-    (ga,) = torch.autograd.grad(y.sum(), a, create_graph=True)
-    assert_close(ga, ref_grads(_silu_mul, [a0.requires_grad_(), b.detach()], torch.ones(3, 8))[0],
-                 torch.float32, factor=2)
-    with pytest.raises(RuntimeError, match="not implemented"):
-        ga.sum().backward()
-
-
-def test_in_place_skipped_for_non_contiguous():
-    at = randn(6, 8).t().requires_grad_()
-    bt = randn(6, 8).t()
-    at0 = at.detach().clone()
-    fk.swiglu(at, bt, True).sum().backward()
-    assert torch.equal(at, at0)
-
-
-def test_in_place_then_other_reader_fails_loudly():
-    x = randn(4, 16).requires_grad_()
-    a = x * 2
-    s = a.sin()                         # saves a; its backward runs after swiglu's
-    y = fk.swiglu(a, x * 3, backward_in_place=True)
-    del a
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        (y.sum() + s.sum()).backward()
 
 
 def test_opcheck_swiglu_backward_in_place():

@@ -9,17 +9,16 @@
 
 namespace fk::ops {
 
-RmsCasting parse_rms_casting(std::string_view mode) {
+RmsCasting parse_rms_casting(std::string_view mode, const char* op) {
   if (mode == "llama") return RmsCasting::Llama;
   if (mode == "gemma") return RmsCasting::Gemma;
   if (mode == "none") return RmsCasting::None;
-  TORCH_CHECK(false, "fk::rms_norm: casting_mode must be one of 'llama', 'gemma', 'none', got '",
-              mode, "'");
+  TORCH_CHECK(false, op, ": casting_mode must be one of 'llama', 'gemma', 'none', got '", mode,
+              "'");
 }
 
 RmsCasting check_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                          std::string_view casting_mode) {
-  constexpr const char* op = "fk::rms_norm";
+                          std::string_view casting_mode, const char* op) {
   TORCH_CHECK(x.dim() >= 1, op, ": x must have at least one dimension, got a scalar");
   checks::check_float(op, "x", x);
   if (weight.has_value() && weight->defined()) {
@@ -28,14 +27,14 @@ RmsCasting check_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& 
                 ": weight must have shape (", x.sym_size(-1), ",) to match the last dim of x, got ",
                 weight->sym_sizes());
   }
-  return parse_rms_casting(casting_mode);
+  return parse_rms_casting(casting_mode, op);
 }
 
 RmsCasting check_rms_norm_backward(const at::Tensor& grad_y, const at::Tensor& x,
                                    const std::optional<at::Tensor>& weight,
-                                   const at::Tensor& rstd, std::string_view casting_mode) {
-  constexpr const char* op = "fk::_rms_norm_backward";
-  auto casting = check_rms_norm(x, weight, casting_mode);
+                                   const at::Tensor& rstd, std::string_view casting_mode,
+                                   const char* op, const char* forward_op) {
+  auto casting = check_rms_norm(x, weight, casting_mode, forward_op);
   checks::check_pair(op, "grad_y", grad_y, "x", x);
   checks::check_same_shape(op, "grad_y", grad_y, "x", x);
   checks::check_same_device(op, "rstd", rstd, "x", x);

@@ -33,6 +33,22 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_forward_cpu(const at::Tensor& x,
                                                         double eps, double offset,
                                                         c10::string_view casting_mode) {
   const auto casting = check_rms_norm(x, weight, casting_mode);
+  return rms_norm_forward_reference(x, weight, eps, offset, casting);
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(
+    const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& weight,
+    const at::Tensor& rstd, double offset, c10::string_view casting_mode,
+    std::array<bool, 2> output_mask) {
+  const auto casting = check_rms_norm_backward(grad_y, x, weight, rstd, casting_mode);
+  return rms_norm_backward_reference(grad_y, x, weight, rstd, offset, casting, output_mask[1]);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_forward_reference(
+    const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps, double offset,
+    RmsCasting casting) {
   const auto acc = checks::acc_type(x);
   auto xf = x.to(acc);
   auto rstd = at::rsqrt(xf.pow(2).mean(-1) + eps);
@@ -41,11 +57,10 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_forward_cpu(const at::Tensor& x,
   return {y.to(x.scalar_type()).contiguous(), rstd.contiguous()};
 }
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_reference(
     const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& weight,
-    const at::Tensor& rstd, double offset, c10::string_view casting_mode,
-    std::array<bool, 2> output_mask) {
-  const auto casting = check_rms_norm_backward(grad_y, x, weight, rstd, casting_mode);
+    const at::Tensor& rstd, double offset, RmsCasting casting, bool want_dw,
+    const at::Tensor& grad_add) {
   const auto acc = checks::acc_type(x);
   const int64_t n = x.size(-1);
   auto xf = x.to(acc), dy = grad_y.to(acc), rs = rstd.to(acc);
@@ -55,19 +70,20 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(
   at::Tensor dx;
   if (n > 0) {
     auto c = (dxh * xh).sum(-1, /*keepdim=*/true) / static_cast<double>(n);
-    dx = (r * (dxh - xh * c)).to(x.scalar_type()).contiguous();
+    auto dxf = r * (dxh - xh * c);
+    if (grad_add.defined()) dxf = dxf + grad_add.to(acc);
+    dx = dxf.to(x.scalar_type()).contiguous();
   } else {
     dx = at::empty_like(x, at::MemoryFormat::Contiguous);
   }
   at::Tensor dw;
-  if (output_mask[1] && has(weight)) {
+  if (want_dw && has(weight)) {
     auto xh_used = normalized(xf, rs, casting, x.scalar_type());
     dw = (dy * xh_used).reshape({-1, n}).sum(0).to(weight->scalar_type());
   }
   return {dx, dw};
 }
 
-}  // namespace
 }  // namespace fk::ops
 
 TORCH_LIBRARY_IMPL(fk, CPU, m) {

@@ -10,29 +10,36 @@
 #include <algorithm>
 
 #include "ops/rms_norm/rms_norm.h"
+#include "ops/rms_norm/rms_norm_cuda.h"
 #include "runtime/checks.h"
 #include "runtime/kernels.h"
+#include "runtime/rows.h"
 
 namespace fk::ops {
+
+namespace rms_cuda {
+
+at::Tensor reduce_dw(const char* op, const at::Tensor& partial, const at::Tensor& weight) {
+  // One pass over the fp32 partial rows, written in the weight's dtype.
+  static const auto& reduce = runtime::family("rms_norm_dw");
+  const int64_t n = partial.size(1);
+  auto dw = at::empty({n}, weight.options());
+  const auto& k = reduce.pick(op, dw, 0, 0);
+  runtime::KernelArgs args;
+  args.ptr(partial).ptr(dw).i32(partial.size(0)).i32(n);
+  runtime::launch(op, k, weight.device(), {checks::ceil_div(n, k.block), 1, 1}, args);
+  return dw;
+}
+
+}  // namespace rms_cuda
+
 namespace {
 
 using runtime::KernelArgs;
-
-struct Rows {
-  at::Tensor x2d;  // contiguous (M, N) view of the input
-  int64_t m, n;
-};
-
-Rows as_rows(const at::Tensor& x) {
-  auto xc = x.contiguous();
-  const int64_t n = x.size(-1);
-  const int64_t m = n == 0 ? 0 : xc.numel() / n;
-  return {xc.view({m, n}), m, n};
-}
-
-uint32_t flags_for(int64_t n, std::initializer_list<const at::Tensor*> tensors) {
-  return (n % 16 == 0 && runtime::aligned16(tensors)) ? runtime::kFlagAligned : 0;
-}
+using runtime::as_rows;
+using runtime::flags_for;
+using runtime::persistent_grid;
+using rms_cuda::reduce_dw;
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_forward_cuda(const at::Tensor& x,
                                                          const std::optional<at::Tensor>& weight,
@@ -87,29 +94,21 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(
   const bool fits = rows.n <= single.max_block(rows.x2d);
   // Persistent grid: two programs per multiprocessor (fastest on H200 at Llama shapes,
   // benchmarks/NOTES.md), each over a contiguous range of rows.
-  const int64_t sms = runtime::device_sm_count(x.device().index());
-  const int64_t rows_per_program = checks::ceil_div(rows.m, std::min(rows.m, 2 * sms));
-  const int64_t programs = checks::ceil_div(rows.m, rows_per_program);
-  auto dw_partial = want_dw ? at::empty({programs, rows.n}, x.options().dtype(at::kFloat))
-                            : at::Tensor();
+  const auto grid = persistent_grid(rows.m, x.device(), 2);
+  // The kernels write partial weight gradients whenever there is a weight (has_w), so the
+  // buffer exists then even if dw is not wanted (a frozen weight).
+  auto dw_partial = has_w ? at::empty({grid.programs, rows.n}, x.options().dtype(at::kFloat))
+                          : at::Tensor();
   const uint32_t flags = flags_for(rows.n, {&rows.x2d, &dy, &dx, &w, &dw_partial});
   const auto& k = fits ? single.pick(op, rows.x2d, rows.n, flags)
                        : looped.pick(op, rows.x2d, 0, flags);
   KernelArgs args;
   args.ptr(dy).ptr(rows.x2d).ptr(w).ptr(rstd_c).ptr(dx).ptr(dw_partial)
       .i64(rows.n).i64(rows.n).i64(rows.n).i64(rows.m).i32(rows.n)
-      .f32(has_w ? offset : 1.0).i64(rows_per_program).i32(has_w ? 1 : 0)
+      .f32(has_w ? offset : 1.0).i64(grid.rows_per_program).i32(has_w ? 1 : 0)
       .i32(static_cast<int>(casting));
-  runtime::launch(op, k, x.device(), {programs, 1, 1}, args);
-  if (want_dw) {
-    // One pass over the fp32 partial rows, written in the weight's dtype.
-    static const auto& reduce = runtime::family("rms_norm_dw");
-    dw = at::empty({rows.n}, weight->options());
-    const auto& kr = reduce.pick(op, dw, 0, 0);
-    KernelArgs rargs;
-    rargs.ptr(dw_partial).ptr(dw).i32(programs).i32(rows.n);
-    runtime::launch(op, kr, x.device(), {checks::ceil_div(rows.n, kr.block), 1, 1}, rargs);
-  }
+  runtime::launch(op, k, x.device(), {grid.programs, 1, 1}, args);
+  if (want_dw) dw = reduce_dw(op, dw_partial, *weight);
   return {dx, dw};
 }
 

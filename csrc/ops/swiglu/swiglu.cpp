@@ -5,28 +5,20 @@
 #include <torch/library.h>
 
 #include "fk/fk.h"
-#include "runtime/checks.h"
 
 namespace fk::ops {
 
 void check_swiglu(const at::Tensor& a, const at::Tensor& b) {
-  checks::check_pair("fk::swiglu", "a", a, "b", b);
-  checks::check_same_shape("fk::swiglu", "a", a, "b", b);
+  glu::check_inputs(kSwigluNames, a, b);
 }
 
 void check_swiglu_backward(const at::Tensor& grad_c, const at::Tensor& a, const at::Tensor& b) {
-  check_swiglu(a, b);
-  checks::check_pair("fk::_swiglu_backward", "grad_c", grad_c, "a", a);
-  checks::check_same_shape("fk::_swiglu_backward", "grad_c", grad_c, "a", a);
+  glu::check_backward(kSwigluNames, grad_c, a, b);
 }
 
 void check_swiglu_backward_in_place(const at::Tensor& grad_c, const at::Tensor& a,
                                     const at::Tensor& b) {
-  check_swiglu_backward(grad_c, a, b);
-  TORCH_CHECK(a.is_contiguous() && b.is_contiguous(),
-              "fk::_swiglu_backward_: a and b must be contiguous");
-  TORCH_CHECK(a.numel() == 0 || !a.is_alias_of(b),
-              "fk::_swiglu_backward_: a and b must not share memory");
+  glu::check_backward_in_place(kSwigluNames, grad_c, a, b);
 }
 
 at::Tensor swiglu_call(const at::Tensor& a, const at::Tensor& b, bool backward_in_place) {

@@ -5,7 +5,12 @@
 
 #include <tuple>
 
+#include "ops/glu/glu.h"
+
 namespace fk::ops {
+
+inline constexpr glu::OpNames kSwigluNames{"fk::swiglu", "fk::_swiglu_backward",
+                                           "fk::_swiglu_backward_"};
 
 // Shared by every backend: same device, same dtype, same shape, supported dtype.
 void check_swiglu(const at::Tensor& a, const at::Tensor& b);

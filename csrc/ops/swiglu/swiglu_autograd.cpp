@@ -1,26 +1,13 @@
 // Autograd kernel of fk::swiglu (C++, so gradients work from Python, TorchScript and C++).
-#include <ATen/core/grad_mode.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
-#include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
+#include "ops/glu/glu_autograd.h"
 #include "ops/swiglu/swiglu.h"
 
 namespace fk::ops {
 namespace {
-
-// Whether the backward may overwrite the saved a and b with their gradients: the caller
-// allowed it, this backward is not retaining the graph (a second backward would read them)
-// nor building a higher-order graph, and a and b are plain, contiguous, separate tensors.
-bool can_write_grads_into_inputs(const at::Tensor& a, const at::Tensor& b) {
-  const auto wrapped = c10::DispatchKeySet({c10::DispatchKey::Python,
-                                            c10::DispatchKey::Functionalize});
-  return !torch::autograd::get_current_graph_task_keep_graph() && !at::GradMode::is_enabled() &&
-         a.layout() == at::kStrided && a.is_contiguous() && b.is_contiguous() &&
-         !a.key_set().has_any(wrapped) && !b.key_set().has_any(wrapped) &&
-         !a.is_alias_of(b) && a.numel() > 0;
-}
 
 class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
  public:
@@ -36,18 +23,10 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
     at::Tensor a = saved[0], b = saved[1];
-    if (ctx->saved_data["in_place"].toBool() && can_write_grads_into_inputs(a, b)) {
-      {
-        at::AutoDispatchBelowADInplaceOrView guard;
-        swiglu_backward_in_place_call(grads[0], a, b);
-      }
-      // Anything else that saved a or b for its backward now fails loudly on unpacking
-      // instead of reading gradients as if they were activations.
-      a.unsafeGetTensorImpl()->bump_version();
-      b.unsafeGetTensorImpl()->bump_version();
-      return {a.detach(), b.detach(), at::Tensor()};
-    }
-    auto [da, db] = swiglu_backward_call(grads[0], a, b);
+    auto [da, db] = glu::input_grads(
+        ctx->saved_data["in_place"].toBool(), a, b,
+        [&] { swiglu_backward_in_place_call(grads[0], a, b); },
+        [&] { return swiglu_backward_call(grads[0], a, b); });
     return {da, db, at::Tensor()};
   }
 };

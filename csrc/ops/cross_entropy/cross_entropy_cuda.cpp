@@ -1,0 +1,91 @@
+// CUDA kernels of fk::cross_entropy: AOT-compiled Triton (triton_src/cross_entropy.py).
+//
+// Forward: for a mean, one program sums the denominators on the device; then a persistent
+// grid (programs per SM from the variant) walks the rows, each read once from DRAM and
+// once more from L2, the gradient written in the logits' dtype. Backward: a persistent
+// scaling kernel that returns at once for a grad_output of 1 in place.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include "ops/cross_entropy/cross_entropy.h"
+#include "runtime/checks.h"
+#include "runtime/kernels.h"
+
+namespace fk::ops {
+namespace {
+
+using runtime::KernelArgs;
+
+constexpr uint32_t kFlagGeneral = 2;  // triton_src/cross_entropy.py FLAG_GENERAL
+
+int64_t sm_count(const at::Tensor& t) { return runtime::device_sm_count(t.device().index()); }
+
+}  // namespace
+
+at::Tensor cross_entropy_den_cuda(const at::Tensor& target, const at::Tensor& weight, int64_t V,
+                                  int64_t ignore_index) {
+  constexpr const char* op = "fk::cross_entropy";
+  auto den = at::empty({2}, target.options().dtype(at::kFloat));
+  static const auto& fam = runtime::family("cross_entropy_den");
+  const auto& k = fam.pick(op, den, 0, 0);
+  KernelArgs args;
+  args.ptr(target).ptr(weight.defined() ? weight : den).ptr(den).i64(target.numel()).i32(V)
+      .i64(ignore_index).i32(weight.defined() ? 1 : 0);
+  runtime::launch(op, k, target.device(), {1, 1, 1}, args);
+  return den;
+}
+
+void cross_entropy_rows_cuda(const at::Tensor& logits, const at::Tensor& grad,
+                             const at::Tensor& target, const at::Tensor& weight,
+                             const at::Tensor& den, const at::Tensor& loss_rows,
+                             const at::Tensor& z_rows, const CeOptions& o) {
+  constexpr const char* op = "fk::cross_entropy";
+  const int64_t m = logits.size(0), v = logits.size(1);
+  const bool write_grad = grad.defined();
+  const at::Tensor& g = write_grad ? grad : logits;  // unwritten when write_grad is false
+  TORCH_INTERNAL_ASSERT(g.scalar_type() == logits.scalar_type() && logits.stride(1) == 1 &&
+                        g.stride(1) == 1);
+  const bool general = weight.defined() || o.label_smoothing > 0.0 || o.softcap.has_value();
+  const bool aligned = v % 16 == 0 && logits.stride(0) % 16 == 0 && g.stride(0) % 16 == 0 &&
+                       runtime::aligned16({&logits, &g});
+  const uint32_t flags = (aligned ? runtime::kFlagAligned : 0) | (general ? kFlagGeneral : 0);
+  static const auto& fam = runtime::family("cross_entropy_fwd");
+  const auto& k = fam.pick(op, logits, std::min(v, fam.max_block(logits)), flags);
+  const int64_t programs = std::min(m, sm_count(logits) * k.constexpr_value("PER_SM"));
+  KernelArgs args;
+  args.ptr(logits).ptr(g).ptr(target).ptr(weight.defined() ? weight : loss_rows)
+      .ptr(den.defined() ? den : loss_rows).ptr(loss_rows).ptr(z_rows)
+      .i64(logits.stride(0)).i64(g.stride(0)).i64(m).i32(v).i64(o.ignore_index)
+      .f32(o.label_smoothing).f32(o.lse_square_scale).f32(o.softcap.value_or(1.0))
+      .i32(weight.defined() ? 1 : 0).i32(o.softcap.has_value() ? 1 : 0)
+      .i32(static_cast<int>(o.reduction)).i32(write_grad ? 1 : 0);
+  runtime::launch(op, k, logits.device(), {programs, 1, 1}, args);
+}
+
+void cross_entropy_scale_cuda(const at::Tensor& src, const at::Tensor& dst,
+                              const at::Tensor& grad_loss) {
+  constexpr const char* op = "fk::cross_entropy (backward)";
+  const int64_t m = src.size(0), v = src.size(1);
+  const bool in_place = src.data_ptr() == dst.data_ptr();
+  const bool aligned = v % 16 == 0 && runtime::aligned16({&src, &dst});
+  static const auto& fam = runtime::family("cross_entropy_scale");
+  const auto& k = fam.pick(op, src, 0, aligned ? runtime::kFlagAligned : 0);
+  const int64_t tiles = m * checks::ceil_div(v, k.block);
+  const int64_t programs = std::min(tiles, sm_count(src) * k.constexpr_value("PER_SM"));
+  auto g = grad_loss.to(at::kFloat).contiguous();
+  KernelArgs args;
+  args.ptr(src).ptr(dst).ptr(g).i64(g.dim() == 0 ? 0 : 1).i64(src.stride(0)).i64(dst.stride(0))
+      .i64(m).i32(v).i32(in_place ? 1 : 0);
+  runtime::launch(op, k, src.device(), {programs, 1, 1}, args);
+}
+
+}  // namespace fk::ops
+
+TORCH_LIBRARY_IMPL(fk, CUDA, m) {
+  m.impl("_cross_entropy_forward", fk::ops::cross_entropy_forward_impl);
+  m.impl("_cross_entropy_forward_", fk::ops::cross_entropy_forward_inplace_impl);
+  m.impl("_cross_entropy_backward", fk::ops::cross_entropy_backward_impl);
+  m.impl("_cross_entropy_backward_", fk::ops::cross_entropy_backward_inplace_impl);
+}

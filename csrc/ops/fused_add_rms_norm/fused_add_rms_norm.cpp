@@ -1,0 +1,121 @@
+// Schemas of fk::fused_add_rms_norm and its internal forward / backward, and the shared
+// checks (rms_norm's, plus those of the residual and its gradient).
+#include "ops/fused_add_rms_norm/fused_add_rms_norm.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include "fk/fk.h"
+#include "runtime/checks.h"
+
+namespace fk::ops {
+
+namespace {
+constexpr const char* kOp = "fk::fused_add_rms_norm";
+constexpr const char* kBackwardOp = "fk::_fused_add_rms_norm_backward";
+}  // namespace
+
+RmsCasting check_fused_add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                    const std::optional<at::Tensor>& weight,
+                                    std::string_view casting_mode) {
+  const auto casting = check_rms_norm(x, weight, casting_mode, kOp);
+  checks::check_pair(kOp, "x", x, "residual", residual);
+  checks::check_same_shape(kOp, "x", x, "residual", residual);
+  return casting;
+}
+
+RmsCasting check_fused_add_rms_norm_backward(const at::Tensor& grad_y,
+                                             const std::optional<at::Tensor>& grad_residual_out,
+                                             const at::Tensor& residual_out,
+                                             const std::optional<at::Tensor>& weight,
+                                             const at::Tensor& rstd,
+                                             std::string_view casting_mode) {
+  // residual_out is the x of the norm: rms_norm's backward checks name it so.
+  const auto casting = check_rms_norm_backward(grad_y, residual_out, weight, rstd, casting_mode,
+                                               kBackwardOp, kOp);
+  if (grad_residual_out.has_value() && grad_residual_out->defined()) {
+    checks::check_pair(kBackwardOp, "grad_residual_out", *grad_residual_out, "residual_out",
+                       residual_out);
+    checks::check_same_shape(kBackwardOp, "grad_residual_out", *grad_residual_out,
+                             "residual_out", residual_out);
+  }
+  return casting;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward_call(
+    const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    double eps, double offset, std::string_view casting_mode) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fk::_fused_add_rms_norm_forward", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&,
+                           const std::optional<at::Tensor>&, double, double, c10::string_view)>();
+  return op.call(x, residual, weight, eps, offset, casting_mode);
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward_call(
+    const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_residual_out,
+    const at::Tensor& residual_out, const std::optional<at::Tensor>& weight,
+    const at::Tensor& rstd, double offset, std::string_view casting_mode,
+    std::array<bool, 2> output_mask) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fk::_fused_add_rms_norm_backward", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const std::optional<at::Tensor>&,
+                           const at::Tensor&, const std::optional<at::Tensor>&,
+                           const at::Tensor&, double, c10::string_view, std::array<bool, 2>)>();
+  return op.call(grad_y, grad_residual_out, residual_out, weight, rstd, offset, casting_mode,
+                 output_mask);
+}
+
+}  // namespace fk::ops
+
+std::tuple<at::Tensor, at::Tensor> fk::fused_add_rms_norm(const at::Tensor& x,
+                                                          const at::Tensor& residual,
+                                                          const std::optional<at::Tensor>& weight,
+                                                          double eps, double offset,
+                                                          const std::string& casting_mode) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fk::fused_add_rms_norm", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&,
+                           const std::optional<at::Tensor>&, double, double, c10::string_view)>();
+  return op.call(x, residual, weight, eps, offset, casting_mode);
+}
+
+TORCH_LIBRARY_FRAGMENT(fk, m) {
+  // (y, residual_out): residual_out = x + residual, added in fp32 and rounded to x's dtype
+  // (as a decoder layer's `hidden_states = residual + hidden_states`); y = rms_norm of
+  // residual_out with fk::rms_norm's semantics (weight optional, offset, casting_mode).
+  // x and residual: same shape, dtype and device.
+  m.def("fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight, float eps=1e-06, "
+        "float offset=0.0, str casting_mode='llama') -> (Tensor, Tensor)");
+  // (y, residual_out, rstd): rstd is float32 (float64 for float64 x), shape x.shape[:-1].
+  m.def("_fused_add_rms_norm_forward(Tensor x, Tensor residual, Tensor? weight, float eps, "
+        "float offset, str casting_mode) -> (Tensor, Tensor, Tensor)");
+  // (grad_x, grad_weight); grad_x is also the gradient of residual (the add passes it to
+  // both). grad_residual_out, the gradient of the second output, is optional and adds into
+  // grad_x. An output whose output_mask entry is False is undefined.
+  m.def("_fused_add_rms_norm_backward(Tensor grad_y, Tensor? grad_residual_out, "
+        "Tensor residual_out, Tensor? weight, Tensor rstd, float offset, str casting_mode, "
+        "bool[2] output_mask) -> (Tensor, Tensor)");
+}
+
+namespace fk::ops {
+namespace {
+
+// fused_add_rms_norm on any backend is the first two outputs of _fused_add_rms_norm_forward.
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_composite(
+    const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    double eps, double offset, c10::string_view casting_mode) {
+  auto [y, residual_out, rstd] =
+      fused_add_rms_norm_forward_call(x, residual, weight, eps, offset, casting_mode);
+  return {y, residual_out};
+}
+
+}  // namespace
+}  // namespace fk::ops
+
+TORCH_LIBRARY_IMPL(fk, CompositeExplicitAutograd, m) {
+  m.impl("fused_add_rms_norm", fk::ops::fused_add_rms_norm_composite);
+}

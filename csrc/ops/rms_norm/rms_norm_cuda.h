@@ -1,0 +1,13 @@
+// CUDA launch piece of fk::rms_norm shared with fk::fused_add_rms_norm: the reduction of
+// fp32 partial weight gradients (kernel family rms_norm_dw of triton_src/rms_norm.py). Row
+// views, variant flags and the persistent grid are runtime/rows.h.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace fk::ops::rms_cuda {
+
+// dw (weight's shape and dtype) = the sum over rows of the fp32 (programs, N) partials.
+at::Tensor reduce_dw(const char* op, const at::Tensor& partial, const at::Tensor& weight);
+
+}  // namespace fk::ops::rms_cuda

@@ -1,0 +1,117 @@
+// CUDA kernels of fk::softmax: AOT-compiled Triton (triton_src/softmax.py).
+//
+// The softmax dim is made the last one: a view when x is contiguous and dim is already last
+// (the fast path), else one copy in (movedim + contiguous) and one copy out. Rows up to the
+// largest single-pass block stay in registers (softmax_fwd / softmax_bwd, the smallest block
+// that holds a row; rows whose width or pointers are not 16-aligned use the *_unaligned
+// families, built for shorter rows); longer rows go to the looped kernels on a persistent
+// grid of PER_SM programs per multiprocessor.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "ops/softmax/softmax.h"
+#include "runtime/checks.h"
+#include "runtime/kernels.h"
+#include "runtime/rows.h"
+
+namespace fk::ops {
+namespace {
+
+using runtime::KernelArgs;
+using runtime::flags_for;
+using runtime::KernelFamily;
+using runtime::KernelSpec;
+
+bool dim_is_last(const at::Tensor& x, int64_t dim) { return x.dim() == 0 || dim == x.dim() - 1; }
+
+struct Rows {
+  at::Tensor t;  // contiguous (m, n)
+  int64_t m, n;
+};
+
+// t with `dim` moved last, as a contiguous (m, n) matrix.
+Rows as_rows(const at::Tensor& t, int64_t dim) {
+  auto tc = (dim_is_last(t, dim) ? t : t.movedim(dim, -1)).contiguous();
+  const int64_t n = t.dim() == 0 ? 1 : tc.size(-1);
+  const int64_t m = tc.numel() / n;
+  return {tc.view({m, n}), m, n};
+}
+
+// The (m, n) result of as_rows(like, dim) back in like's shape and dim order, contiguous.
+at::Tensor from_rows(const at::Tensor& out, const at::Tensor& like, int64_t dim) {
+  if (dim_is_last(like, dim)) return out.view(like.sizes());
+  std::vector<int64_t> sizes(like.sizes().begin(), like.sizes().end());
+  sizes.erase(sizes.begin() + dim);
+  sizes.push_back(like.size(dim));
+  return out.view(sizes).movedim(-1, dim).contiguous();
+}
+
+struct Families {
+  const KernelFamily& aligned;    // single pass, 16-aligned rows
+  const KernelFamily& unaligned;  // single pass, any rows (shorter maximum)
+  const KernelFamily& looped;     // any row length, both alignments
+};
+
+// The variant for (m, n) rows and the number of programs to launch.
+std::pair<const KernelSpec*, int64_t> choose(const char* op, const Families& fams,
+                                             const Rows& rows, uint32_t flags) {
+  // Column offsets are 32-bit in the kernels, including a prefetch up to two chunks past
+  // the row's end.
+  constexpr int64_t kMaxRow = INT32_MAX - (1 << 16);
+  TORCH_CHECK(rows.n <= kMaxRow, op, ": a softmax over more than ", kMaxRow,
+              " elements is not supported on CUDA, got ", rows.n);
+  const auto& single = flags & runtime::kFlagAligned ? fams.aligned : fams.unaligned;
+  if (rows.n <= single.max_block(rows.t)) {
+    const auto& k = single.pick(op, rows.t, rows.n, flags);
+    return {&k, checks::ceil_div(rows.m, k.constexpr_value("ROWS"))};
+  }
+  const auto& k = fams.looped.pick(op, rows.t, 0, flags);
+  const int64_t sms = runtime::device_sm_count(rows.t.device().index());
+  return {&k, std::min(rows.m, k.constexpr_value("PER_SM") * sms)};
+}
+
+at::Tensor softmax_cuda(const at::Tensor& x, int64_t dim) {
+  constexpr const char* op = "fk::softmax";
+  const int64_t d = check_softmax(x, dim);
+  if (x.numel() == 0) return at::empty(x.sizes(), x.options());
+  auto rows = as_rows(x, d);
+  auto y = at::empty({rows.m, rows.n}, x.options());
+  static const Families fams{runtime::family("softmax_fwd"),
+                             runtime::family("softmax_fwd_unaligned"),
+                             runtime::family("softmax_fwd_looped")};
+  auto [k, programs] = choose(op, fams, rows, flags_for(rows.n, {&rows.t, &y}));
+  KernelArgs args;
+  args.ptr(rows.t).ptr(y).i64(rows.n).i64(rows.n).i64(rows.m).i32(rows.n);
+  runtime::launch(op, *k, x.device(), {programs, 1, 1}, args);
+  return from_rows(y, x, d);
+}
+
+at::Tensor softmax_backward_cuda(const at::Tensor& grad_y, const at::Tensor& y, int64_t dim) {
+  constexpr const char* op = "fk::_softmax_backward";
+  const int64_t d = check_softmax_backward(grad_y, y, dim);
+  if (y.numel() == 0) return at::empty(y.sizes(), y.options());
+  auto ys = as_rows(y, d);
+  auto dys = as_rows(grad_y, d);
+  auto dx = at::empty({ys.m, ys.n}, y.options());
+  static const Families fams{runtime::family("softmax_bwd"),
+                             runtime::family("softmax_bwd_unaligned"),
+                             runtime::family("softmax_bwd_looped")};
+  auto [k, programs] = choose(op, fams, ys, flags_for(ys.n, {&dys.t, &ys.t, &dx}));
+  KernelArgs args;
+  args.ptr(dys.t).ptr(ys.t).ptr(dx).i64(ys.n).i64(ys.n).i64(ys.n).i64(ys.m).i32(ys.n);
+  runtime::launch(op, *k, y.device(), {programs, 1, 1}, args);
+  return from_rows(dx, y, d);
+}
+
+}  // namespace
+}  // namespace fk::ops
+
+TORCH_LIBRARY_IMPL(fk, CUDA, m) {
+  m.impl("softmax", fk::ops::softmax_cuda);
+  m.impl("_softmax_backward", fk::ops::softmax_backward_cuda);
+}

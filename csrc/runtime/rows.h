@@ -1,0 +1,30 @@
+// Row-wise ops (norms, softmax, ...) over the last dim: the (M, N) view, the aligned-variant
+// flag and a persistent grid, shared by their CUDA kernels.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+namespace fk::runtime {
+
+struct Rows {
+  at::Tensor x2d;  // contiguous (M, N) view of the input
+  int64_t m, n;
+};
+
+// A contiguous (M, N) view of x over its last dim (a copy only when x is not contiguous).
+Rows as_rows(const at::Tensor& x);
+
+// kFlagAligned when n is a multiple of 16 and every defined tensor is 16-byte aligned.
+uint32_t flags_for(int64_t n, std::initializer_list<const at::Tensor*> tensors);
+
+// A persistent grid over m rows: min(m, per_sm * multiprocessors) programs, each over a
+// contiguous range of rows_per_program rows (the last one may have fewer).
+struct PersistentGrid {
+  int64_t rows_per_program, programs;
+};
+PersistentGrid persistent_grid(int64_t m, const at::Device& device, int64_t per_sm);
+
+}  // namespace fk::runtime

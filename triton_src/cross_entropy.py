@@ -1,0 +1,311 @@
+"""Cross entropy over a large vocabulary, its gradient computed in the forward pass.
+
+Per row i with target y (V classes, logits x; softcap c: x -> c * tanh(x / c) first):
+
+  lse   = log(sum_j exp(x_j))
+  ce    = (1 - ls) * w_y * (lse - x_y) + (ls / V) * sum_j w_j * (lse - x_j)   (torch's
+          label smoothing with class weights w; w = 1 without weights)
+  z     = s * lse^2                                                           (z-loss)
+  loss  = ce / D_w + z / D_n  for reduction "mean", else ce + z
+
+D_w = sum of w_y over non-ignored rows (torch's weighted mean), D_n = their count; they
+live on the device (cross_entropy_den_kernel), so nothing waits for the host. The gradient
+of that row's loss, written in the logits' dtype:
+
+  g_j = p_j * A - (ls / V) * w_j / D_w - [j == y] * (1 - ls) * w_y / D_w,  p = softmax(x)
+  A   = ((1 - ls) * w_y + (ls / V) * sum_j w_j) / D_w + 2 * s * lse / D_n
+  (times 1 - tanh^2(x_j / c) with a softcap; D_w = D_n = 1 unless "mean")
+
+Ignored rows get loss 0 (0 / D, so NaN when every row is ignored, like torch) and a zero
+gradient row; a target outside [0, V) that is not ignore_index gives NaN (loss and
+gradient of that row, and D, so a "mean" is NaN): there is no host check to raise.
+
+Kernels:
+  cross_entropy_fwd_kernel   each program walks rows pid, pid + P, ... (P = min(M, PER_SM
+                             x SMs): one row per program at large PER_SM). Per row, pass 1
+                             reads the row once (online max / sum of exp), pass 2 re-reads
+                             it (from L2 on an H200) and writes the gradient; the gradient
+                             may be the logits' own memory (every element is read before
+                             the same thread overwrites it).
+  cross_entropy_den_kernel   one program: D_w and D_n.
+  cross_entropy_scale_kernel dst = src * grad_output (a scalar, or one value per row); in
+                             place it returns at once where grad_output is 1.
+All math is in fp32; offsets are int64.
+"""
+import triton
+import triton.language as tl
+
+from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+
+# Variant flag: class weights, label smoothing or softcap (run-time switches inside); the
+# plain variant has none of them and keeps pass 2 to one exp and one FMA per element.
+FLAG_GENERAL = 2
+
+REDUCTION_NONE, REDUCTION_MEAN, REDUCTION_SUM = 0, 1, 2
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _tanh(u):
+    """tanh through exp2: exact at +-inf, absolute error about 1e-7 near 0."""
+    return 1.0 - 2.0 / (tl.exp2(u * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def _grad_block(raw, cols, y, lse, a, c_y, c_w, softcap, inv_cap, weight_ptr, has_weight,
+                has_softcap, smoothing, V, GENERAL: tl.constexpr):
+    """The gradient of one block of a row from its raw logits (see the module docstring)."""
+    x = raw.to(tl.float32)
+    if GENERAL:
+        dcap = tl.full(x.shape, 1.0, tl.float32)
+        if has_softcap != 0:
+            t = _tanh(x * inv_cap)
+            x = softcap * t
+            dcap = 1.0 - t * t
+    p = tl.exp2((x - lse) * LOG2E)
+    g = p * a - tl.where(cols == y, c_y, 0.0)
+    if GENERAL:
+        if smoothing:
+            w = (cols < V).to(tl.float32)
+            if has_weight != 0:
+                w = tl.load(weight_ptr + cols, mask=cols < V, other=0.0)
+            g = g - c_w * w
+        g = g * dcap
+    return g
+
+
+@triton.jit
+def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, loss_ptr, z_ptr,
+                             x_stride, grad_stride, M, V, ignore_index, label_smoothing,
+                             lse_square_scale, softcap, has_weight, has_softcap, reduction,
+                             write_grad, BLOCK: tl.constexpr, GENERAL: tl.constexpr,
+                             PER_SM: tl.constexpr):
+    gdtype = grad_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    nprog = tl.num_programs(0)
+    lanes = tl.arange(0, BLOCK)
+    inv_dw = tl.full((), 1.0, tl.float32)
+    inv_dn = tl.full((), 1.0, tl.float32)
+    if reduction == 1:
+        inv_dw = 1.0 / tl.load(den_ptr)
+        inv_dn = 1.0 / tl.load(den_ptr + 1)
+    smoothing = label_smoothing > 0.0
+    inv_cap = 1.0 / softcap
+    for row in range(pid, M, nprog):
+        y = tl.load(target_ptr + row)
+        x_row = x_ptr + row * x_stride
+        g_row = grad_ptr + row * grad_stride
+        if y == ignore_index:
+            if write_grad != 0:
+                zero = tl.zeros((BLOCK,), dtype=gdtype)
+                for start in range(0, V, BLOCK):
+                    cols = start + lanes
+                    tl.store(g_row + cols, zero, mask=cols < V, eviction_policy="evict_first")
+            tl.store(loss_ptr + row, 0.0 * inv_dw)
+            tl.store(z_ptr + row, 0.0 * inv_dn)
+        else:
+            valid = (y >= 0) & (y < V)
+            y_safe = tl.where(valid, y, 0)
+            x_y = tl.load(x_row + y_safe).to(tl.float32)
+            w_y = tl.full((), 1.0, tl.float32)
+            if GENERAL:
+                if has_softcap != 0:
+                    x_y = softcap * _tanh(x_y * inv_cap)
+                if has_weight != 0:
+                    w_y = tl.load(weight_ptr + y_safe)
+            x_y = tl.where(valid, x_y, float("nan"))
+            w_y = tl.where(valid, w_y, float("nan"))
+
+            # Pass 1: online max and sum of exp (and the sums label smoothing needs); the
+            # row stays in L2 for pass 2 (evict_last).
+            m = -float("inf")
+            d = 0.0
+            sx = 0.0
+            sw = 0.0
+            for start in range(0, V, BLOCK):
+                cols = start + lanes
+                mask = cols < V
+                x = tl.load(x_row + cols, mask=mask, other=0.0,
+                            eviction_policy="evict_last").to(tl.float32)
+                if GENERAL:
+                    if has_softcap != 0:
+                        x = softcap * _tanh(x * inv_cap)
+                x = tl.where(mask, x, -float("inf"))
+                if GENERAL:
+                    if smoothing:
+                        w = mask.to(tl.float32)
+                        if has_weight != 0:
+                            w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
+                        sx += tl.sum(tl.where(mask, w * x, 0.0), axis=0)
+                        sw += tl.sum(w, axis=0)
+                m_new = tl.maximum(m, tl.max(x, axis=0))
+                m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)
+                d = d * tl.exp2((m - m_ref) * LOG2E) + tl.sum(tl.exp2((x - m_ref) * LOG2E), axis=0)
+                m = m_new
+            lse = m + tl.log(d)
+
+            ce = w_y * (lse - x_y)
+            a = w_y * inv_dw
+            c_w = tl.full((), 0.0, tl.float32)
+            if GENERAL:
+                if smoothing:
+                    eps = label_smoothing / V
+                    ce = (1.0 - label_smoothing) * ce + eps * (sw * lse - sx)
+                    a = ((1.0 - label_smoothing) * w_y + eps * sw) * inv_dw
+                    c_w = eps * inv_dw
+            c_y = (1.0 - label_smoothing) * w_y * inv_dw
+            z = lse_square_scale * lse * lse
+            a = a + 2.0 * lse_square_scale * lse * inv_dn
+            tl.store(loss_ptr + row, ce * inv_dw + z * inv_dn)
+            tl.store(z_ptr + row, z * inv_dn)
+
+            # Pass 2: re-read the row (from L2) and write the gradient; each thread reads
+            # its elements before it overwrites them, so grad may be the logits' memory.
+            if write_grad != 0:
+                for start in range(0, V, BLOCK):
+                    cols = start + lanes
+                    mask = cols < V
+                    raw = tl.load(x_row + cols, mask=mask, other=0.0,
+                                  eviction_policy="evict_first")
+                    g = _grad_block(raw, cols, y, lse, a, c_y, c_w, softcap, inv_cap,
+                                    weight_ptr, has_weight, has_softcap, smoothing, V, GENERAL)
+                    tl.store(g_row + cols, g.to(gdtype), mask=mask, eviction_policy="evict_first")
+
+
+@triton.jit
+def cross_entropy_den_kernel(target_ptr, weight_ptr, den_ptr, N, V, ignore_index, has_weight,
+                             BLOCK: tl.constexpr):
+    """den[0] = sum of w_y over non-ignored rows (their count without weights), den[1] = the
+    count; a non-ignored target outside [0, V) makes both NaN."""
+    lanes = tl.arange(0, BLOCK)
+    acc_w = tl.zeros((BLOCK,), tl.float32)
+    acc_n = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, N, BLOCK):
+        rows = start + lanes
+        in_range = rows < N
+        y = tl.load(target_ptr + rows, mask=in_range, other=ignore_index)
+        keep = in_range & (y != ignore_index)
+        valid = (y >= 0) & (y < V)
+        w = tl.full((BLOCK,), 1.0, tl.float32)
+        if has_weight != 0:
+            w = tl.load(weight_ptr + tl.where(valid, y, 0), mask=keep & valid, other=0.0)
+        acc_w += tl.where(keep, tl.where(valid, w, float("nan")), 0.0)
+        acc_n += tl.where(keep, tl.where(valid, 1.0, float("nan")), 0.0)
+    tl.store(den_ptr, tl.sum(acc_w, axis=0))
+    tl.store(den_ptr + 1, tl.sum(acc_n, axis=0))
+
+
+@triton.jit
+def cross_entropy_scale_kernel(src_ptr, dst_ptr, g_ptr, g_stride, src_stride, dst_stride, M, V,
+                               in_place, BLOCK: tl.constexpr, PER_SM: tl.constexpr):
+    """dst[i, :] = src[i, :] * g[i * g_stride] over tiles of BLOCK columns, persistent. In
+    place (dst == src) a scalar g of 1 returns at once and rows with g == 1 are skipped."""
+    dtype = dst_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    nprog = tl.num_programs(0)
+    lanes = tl.arange(0, BLOCK)
+    tiles_per_row = tl.cdiv(V, BLOCK)
+    g0 = tl.load(g_ptr)
+    if (in_place == 0) | (g_stride != 0) | (g0 != 1.0):
+        for t in range(pid, M * tiles_per_row, nprog):
+            row = t // tiles_per_row
+            cols = (t - row * tiles_per_row) * BLOCK + lanes
+            g = tl.load(g_ptr + row * g_stride)
+            if (in_place == 0) | (g != 1.0):
+                mask = cols < V
+                x = tl.load(src_ptr + row * src_stride + cols, mask=mask, other=0.0,
+                            eviction_policy="evict_first")
+                tl.store(dst_ptr + row * dst_stride + cols, (x.to(tl.float32) * g).to(dtype),
+                         mask=mask, eviction_policy="evict_first")
+
+
+# Floor at Llama-3 shapes (8192 x 128256 bf16 logits, 2.10 GB; 4.2 TB/s copy bandwidth):
+# forward with the gradient = one read of the logits + one write of the gradient, 4.2 GB,
+# 1.0 ms (pass 2's re-read comes from L2); forward without it 0.5 ms; the backward is one
+# launch that returns at once for grad_output 1, else one more read + write, 1.0 ms.
+#
+# Launch configurations for sm_90 (H200: 132 SMs, 50 MB L2), from the sweep of
+# benchmarks/tune_cross_entropy.py at 8192 x 128256 bf16.
+# fwd: per kind of variant and element size, (BLOCK, warps, programs per SM).
+#   plain: aligned, no weights / smoothing / softcap: the Llama training case. One row per
+#     program (PER_SM 64 covers 8192 rows) in 64 KB steps of 32 warps: 1.48 ms measured
+#     (16 warps: 1.72 ms; 128 KB steps: 1.71 ms; 2 programs per SM: 1.54 ms), 68 % of copy
+#     bandwidth for the 4.2 GB floor. Software prefetch of the next block measured 1.6-1.9 ms.
+#   unaligned (row length not a multiple of 16, or a misaligned pointer): scalar loads hold
+#     more registers; half the block.
+#   general: weights, smoothing or softcap hold several values per element: 16 KB steps.
+#   small: rows of at most SMALL classes, many programs per SM.
+# scale: tiles of 4096 columns, 8 warps, 8 programs per SM: 64 KB in flight per SM.
+# den: one program, 1024 targets per step.
+SMALL = 1024  # the small bucket; every longer row takes the large one
+LARGE = 1 << 17  # label of the large bucket (rows of any length)
+# Other archs (not tuned): smaller blocks for the plain, unaligned and general variants,
+# which keep the sm_80 / sm_100 / sm_103 / sm_120 code from spilling; the rest as sm_90.
+_SM90 = {
+    "small": {2: (1024, 4, 8), 4: (1024, 4, 8)},
+    "plain": {2: (32768, 32, 64), 4: (16384, 16, 64)},
+    "unaligned": {2: (16384, 16, 64), 4: (8192, 16, 64)},
+    "general": {2: (8192, 16, 64), 4: (4096, 16, 64)},
+    "scale": (4096, 8, 8),
+    "den": (1024, 4),
+}
+_CONFIG = {
+    90: _SM90,
+    "default": dict(_SM90, plain={2: (16384, 16, 64), 4: (8192, 16, 64)},
+                    unaligned={2: (8192, 16, 64), 4: (4096, 16, 64)},
+                    general={2: (4096, 16, 64), 4: (4096, 16, 64)}),
+}
+_ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+_FWD_ARGS = ("x_ptr", "grad_ptr", "target_ptr", "weight_ptr", "den_ptr", "loss_ptr", "z_ptr",
+             "x_stride", "grad_stride", "M", "V", "ignore_index", "label_smoothing",
+             "lse_square_scale", "softcap", "has_weight", "has_softcap", "reduction",
+             "write_grad")
+_SCALE_ARGS = ("src_ptr", "dst_ptr", "g_ptr", "g_stride", "src_stride", "dst_stride", "M", "V",
+               "in_place")
+_DEN_ARGS = ("target_ptr", "weight_ptr", "den_ptr", "N", "V", "ignore_index", "has_weight")
+_TYPES = {"target_ptr": "*i64", "weight_ptr": "*fp32", "den_ptr": "*fp32", "loss_ptr": "*fp32",
+          "z_ptr": "*fp32", "g_ptr": "*fp32", "x_stride": "i64", "grad_stride": "i64",
+          "src_stride": "i64", "dst_stride": "i64", "g_stride": "i64", "M": "i64", "N": "i64",
+          "V": "i32", "ignore_index": "i64", "label_smoothing": "fp32",
+          "lse_square_scale": "fp32", "softcap": "fp32", "has_weight": "i32",
+          "has_softcap": "i32", "reduction": "i32", "write_grad": "i32", "in_place": "i32"}
+# Integer arguments that are multiples of 16 in an aligned variant (row lengths, strides).
+_ALIGNED_INTS = ("x_stride", "grad_stride", "src_stride", "dst_stride", "V")
+
+
+def _signature(args, dt, constexprs):
+    sig = {a: _TYPES.get(a, f"*{dt}") for a in args}
+    sig.update({c: "constexpr" for c in constexprs})
+    return sig
+
+
+def variants(arch: int) -> list:
+    cfg = _CONFIG.get(arch, _CONFIG["default"])
+    out = []
+    for dt in DTYPES:
+        for aligned in (0, FLAG_ALIGNED):
+            def add(family, kernel, args, block, constexprs, warps, flags):
+                sig = _signature(args, dt, constexprs)
+                extra = tuple(a for a in _ALIGNED_INTS if a in sig)
+                out.append(Variant(family=family, kernel=kernel, dtype=dt, block=block,
+                                   signature=sig, constexprs=constexprs, num_warps=warps,
+                                   flags=flags, divisible_by_16=aligned_args(sig, flags, extra)))
+
+            for general in (0, FLAG_GENERAL):
+                kind = "general" if general else ("plain" if aligned else "unaligned")
+                for bucket, table in ((SMALL, cfg["small"]), (LARGE, cfg[kind])):
+                    block, warps, per_sm = table[_ELEM[dt]]
+                    add("cross_entropy_fwd", "cross_entropy_fwd_kernel", _FWD_ARGS, bucket,
+                        {"BLOCK": block, "GENERAL": int(general != 0), "PER_SM": per_sm},
+                        warps, aligned | general)
+            block, warps, per_sm = cfg["scale"]
+            add("cross_entropy_scale", "cross_entropy_scale_kernel", _SCALE_ARGS, block,
+                {"BLOCK": block, "PER_SM": per_sm}, warps, aligned)
+    block, warps = cfg["den"]
+    out.append(Variant(family="cross_entropy_den", kernel="cross_entropy_den_kernel",
+                       dtype="fp32", block=block, signature=_signature(_DEN_ARGS, "fp32",
+                                                                       ("BLOCK",)),
+                       constexprs={"BLOCK": block}, num_warps=warps))
+    return out
