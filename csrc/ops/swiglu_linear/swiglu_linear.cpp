@@ -20,21 +20,21 @@ void check_swiglu_linear(const at::Tensor& x, const at::Tensor& w_gate, const at
   checks::check_same_shape(op, "w_gate", w_gate, "w_up", w_up);
 }
 
-void check_swiglu_linear_backward(const at::Tensor& grad_out, const at::Tensor& x,
-                                  const at::Tensor& w_gate, const at::Tensor& w_up,
-                                  const at::Tensor& s, const at::Tensor& t) {
-  constexpr const char* op = "fk::_swiglu_linear_backward";
-  check_swiglu_linear(x, w_gate, w_up);
-  checks::check_pair(op, "grad_out", grad_out, "x", x);
-  checks::check_pair(op, "s", s, "x", x);
-  checks::check_pair(op, "t", t, "x", x);
-  auto sizes = x.sym_sizes().vec();
-  sizes.back() = w_gate.sym_size(0);
-  TORCH_CHECK(grad_out.sym_sizes() == c10::SymIntArrayRef(sizes), op,
-              ": grad_out must have shape ", c10::SymIntArrayRef(sizes), ", got ",
-              grad_out.sym_sizes());
-  checks::check_same_shape(op, "s", s, "grad_out", grad_out);
-  checks::check_same_shape(op, "t", t, "grad_out", grad_out);
+void check_swiglu_linear_gate_grads(const at::Tensor& grad_out, const at::Tensor& t,
+                                    const at::Tensor& s) {
+  constexpr const char* op = "fk::_swiglu_linear_gate_grads";
+  checks::check_pair(op, "grad_out", grad_out, "t", t);
+  checks::check_pair(op, "s", s, "t", t);
+  checks::check_same_shape(op, "grad_out", grad_out, "t", t);
+  checks::check_same_shape(op, "s", s, "t", t);
+}
+
+void check_swiglu_linear_gate_grads_in_place(const at::Tensor& grad_out, const at::Tensor& t,
+                                             const at::Tensor& s) {
+  constexpr const char* op = "fk::_swiglu_linear_gate_grads_";
+  check_swiglu_linear_gate_grads(grad_out, t, s);
+  TORCH_CHECK(t.is_contiguous() && s.is_contiguous(), op, ": t and s must be contiguous");
+  TORCH_CHECK(t.numel() == 0 || !t.is_alias_of(s), op, ": t and s must not share memory");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_forward_call(
@@ -48,17 +48,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_forward_call(
   return op.call(x, w_gate, w_up, output_mask);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_backward_call(
-    const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& w_gate,
-    const at::Tensor& w_up, const at::Tensor& s, const at::Tensor& t,
-    std::array<bool, 3> output_mask) {
+std::tuple<at::Tensor, at::Tensor> swiglu_linear_gate_grads_call(const at::Tensor& grad_out,
+                                                                 const at::Tensor& t,
+                                                                 const at::Tensor& s) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fk::_swiglu_linear_gate_grads", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&)>();
+  return op.call(grad_out, t, s);
+}
+
+void swiglu_linear_gate_grads_in_place_call(const at::Tensor& grad_out, at::Tensor& t,
+                                            at::Tensor& s) {
   static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fk::_swiglu_linear_backward", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           std::array<bool, 3>)>();
-  return op.call(grad_out, x, w_gate, w_up, s, t, output_mask);
+                       .findSchemaOrThrow("fk::_swiglu_linear_gate_grads_", "")
+                       .typed<void(const at::Tensor&, at::Tensor&, at::Tensor&)>();
+  op.call(grad_out, t, s);
 }
 
 }  // namespace fk::ops
@@ -81,10 +87,11 @@ TORCH_LIBRARY_FRAGMENT(fk, m) {
   // shape (..., N): z when output_mask[0], s and t when output_mask[1], else undefined.
   m.def("_swiglu_linear_forward(Tensor x, Tensor w_gate, Tensor w_up, bool[2] output_mask) "
         "-> (Tensor, Tensor, Tensor)");
-  // (grad_x, grad_w_gate, grad_w_up) from grad_out and the factors s, t; an output whose
-  // output_mask entry is False is undefined.
-  m.def("_swiglu_linear_backward(Tensor grad_out, Tensor x, Tensor w_gate, Tensor w_up, "
-        "Tensor s, Tensor t, bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
+  // The elementwise step of the backward: (grad_a, grad_b) = (grad_out * t, grad_out * s),
+  // products in fp32, each rounded once to the inputs' dtype; all three of one shape.
+  m.def("_swiglu_linear_gate_grads(Tensor grad_out, Tensor t, Tensor s) -> (Tensor, Tensor)");
+  // The same written into t (grad_a) and s (grad_b), which must be contiguous and separate.
+  m.def("_swiglu_linear_gate_grads_(Tensor grad_out, Tensor(a!) t, Tensor(b!) s) -> ()");
 }
 
 namespace fk::ops {

@@ -5,8 +5,9 @@
 // factors of them, formed once in the forward epilogue (or recomputed by the backward):
 //   s = silu(a)           db = dz * s
 //   t = b * silu'(a)      da = dz * t
-// both of z's shape and x's dtype. The backward GEMMs form da, db from dz, s, t as they
-// load their operands.
+// both of z's shape and x's dtype. The backward forms da, db in one elementwise pass
+// (fk::_swiglu_linear_gate_grads, or its in-place form writing them over t and s) and the
+// products dx = da w_gate + db w_up, dW = d{a,b}^T x through ATen (cuBLAS on CUDA).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,20 +19,24 @@ namespace fk::ops {
 
 // Shared by every backend: dtypes, devices and shapes of x (..., K), w_gate and w_up (N, K).
 void check_swiglu_linear(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up);
-// The same, plus grad_out, s and t of shape (..., N) matching x and the weights.
-void check_swiglu_linear_backward(const at::Tensor& grad_out, const at::Tensor& x,
-                                  const at::Tensor& w_gate, const at::Tensor& w_up,
-                                  const at::Tensor& s, const at::Tensor& t);
+// grad_out, t and s: same device, dtype and shape.
+void check_swiglu_linear_gate_grads(const at::Tensor& grad_out, const at::Tensor& t,
+                                    const at::Tensor& s);
+// The same, and t and s contiguous and separate (the in-place form writes into them).
+void check_swiglu_linear_gate_grads_in_place(const at::Tensor& grad_out, const at::Tensor& t,
+                                             const at::Tensor& s);
 
 // Calls through the dispatcher.
 // (z, s, t): z when output_mask[0], s and t when output_mask[1]; the others undefined.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_forward_call(
     const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
     std::array<bool, 2> output_mask);
-// (grad_x, grad_w_gate, grad_w_up), each undefined where its output_mask entry is false.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_backward_call(
-    const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& w_gate,
-    const at::Tensor& w_up, const at::Tensor& s, const at::Tensor& t,
-    std::array<bool, 3> output_mask);
+// (grad_out * t, grad_out * s) as new tensors.
+std::tuple<at::Tensor, at::Tensor> swiglu_linear_gate_grads_call(const at::Tensor& grad_out,
+                                                                 const at::Tensor& t,
+                                                                 const at::Tensor& s);
+// The same written into t and s.
+void swiglu_linear_gate_grads_in_place_call(const at::Tensor& grad_out, at::Tensor& t,
+                                            at::Tensor& s);
 
 }  // namespace fk::ops

@@ -1,7 +1,7 @@
 // CPU reference of fk::swiglu_linear in plain ATen: products accumulated in fp32 (fp64 for
 // fp64 inputs), SiLU and the factors in that precision, each output rounded once to x's
-// dtype. da and db are rounded to x's dtype before the backward products, as the GPU
-// kernels feed them to the tensor cores.
+// dtype. The backward's elementwise step likewise (da = dz * t, db = dz * s, one rounding);
+// its products run through ATen in the autograd kernel, as on CUDA.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -38,25 +38,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_forward_cpu(
   return {z, s, t};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_backward_cpu(
-    const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& w_gate,
-    const at::Tensor& w_up, const at::Tensor& s, const at::Tensor& t,
-    std::array<bool, 3> output_mask) {
-  check_swiglu_linear_backward(grad_out, x, w_gate, w_up, s, t);
-  const auto acc = checks::acc_type(x);
-  const auto dtype = x.scalar_type();
-  auto dz = rows(grad_out).to(acc);
-  auto da = (dz * rows(t).to(acc)).to(dtype).to(acc);
-  auto db = (dz * rows(s).to(acc)).to(dtype).to(acc);
-  at::Tensor dx, dwg, dwu;
-  if (output_mask[0]) {
-    dx = (at::matmul(da, w_gate.to(acc)) + at::matmul(db, w_up.to(acc)))
-             .to(dtype).reshape(x.sizes()).contiguous();
-  }
-  auto xf = rows(x).to(acc);
-  if (output_mask[1]) dwg = at::matmul(da.t(), xf).to(dtype).contiguous();
-  if (output_mask[2]) dwu = at::matmul(db.t(), xf).to(dtype).contiguous();
-  return {dx, dwg, dwu};
+std::tuple<at::Tensor, at::Tensor> swiglu_linear_gate_grads_cpu(const at::Tensor& grad_out,
+                                                                 const at::Tensor& t,
+                                                                 const at::Tensor& s) {
+  check_swiglu_linear_gate_grads(grad_out, t, s);
+  const auto acc = checks::acc_type(t);
+  auto dz = grad_out.to(acc);
+  return {(dz * t.to(acc)).to(t.scalar_type()).contiguous(),
+          (dz * s.to(acc)).to(s.scalar_type()).contiguous()};
+}
+
+void swiglu_linear_gate_grads_in_place_cpu(const at::Tensor& grad_out, at::Tensor& t,
+                                           at::Tensor& s) {
+  check_swiglu_linear_gate_grads_in_place(grad_out, t, s);
+  const auto acc = checks::acc_type(t);
+  auto dz = grad_out.to(acc);
+  auto da = dz * t.to(acc);  // both products before either input is overwritten
+  auto db = dz * s.to(acc);
+  t.copy_(da);
+  s.copy_(db);
 }
 
 }  // namespace
@@ -64,5 +64,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_backward_cpu(
 
 TORCH_LIBRARY_IMPL(fk, CPU, m) {
   m.impl("_swiglu_linear_forward", fk::ops::swiglu_linear_forward_cpu);
-  m.impl("_swiglu_linear_backward", fk::ops::swiglu_linear_backward_cpu);
+  m.impl("_swiglu_linear_gate_grads", fk::ops::swiglu_linear_gate_grads_cpu);
+  m.impl("_swiglu_linear_gate_grads_", fk::ops::swiglu_linear_gate_grads_in_place_cpu);
 }

@@ -1,12 +1,14 @@
 // CUDA kernels of fk::swiglu_linear: AOT-compiled Triton (triton_src/swiglu_linear.py).
 //
-// Inputs are made contiguous (x as (M, K) rows, the weights as (N, K)); a copy is made only
-// for inputs that are not. One launch per GEMM: the forward (z and / or the factors s, t),
-// dx, and dW (both weight gradients in one kernel, computed when either is wanted).
+// Forward: inputs are made contiguous (x as (M, K) rows, the weights as (N, K)); a copy is
+// made only for inputs that are not. One launch writes z and / or the factors s, t. The
+// backward's elementwise step is one launch over grad_out, t, s (the gated activations'
+// launch helpers); its GEMMs run through ATen (see swiglu_linear_autograd.cpp).
 #include <ATen/ATen.h>
 #include <c10/util/accumulate.h>
 #include <torch/library.h>
 
+#include "ops/glu/glu_cuda.h"
 #include "ops/swiglu_linear/swiglu_linear.h"
 #include "runtime/checks.h"
 #include "runtime/kernels.h"
@@ -64,49 +66,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_forward_cuda(
   return {z, s, t};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_backward_cuda(
-    const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& w_gate,
-    const at::Tensor& w_up, const at::Tensor& s, const at::Tensor& t,
-    std::array<bool, 3> output_mask) {
-  constexpr const char* op = "fk::_swiglu_linear_backward";
-  check_swiglu_linear_backward(grad_out, x, w_gate, w_up, s, t);
-  auto x2 = as_rows(x), dz = as_rows(grad_out), s2 = as_rows(s), t2 = as_rows(t);
-  auto wg = w_gate.contiguous(), wu = w_up.contiguous();
-  const int64_t m = x2.size(0), k = x2.size(1), n = wg.size(0);
-  at::Tensor dx, dwg, dwu;
+const runtime::KernelFamily& gate_grads_kernels() {
+  static const auto& fam = runtime::family("swiglu_linear_gate_grads");
+  return fam;
+}
 
-  if (output_mask[0]) {
-    dx = at::empty(x.sizes(), x.options());
-    if (n == 0) {
-      dx.zero_();
-    } else if (m > 0 && k > 0) {
-      static const auto& fam = runtime::family("swiglu_linear_dx");
-      const auto& kern = fam.pick(op, x2, 0, flags_for(n, k, {&dz, &s2, &t2, &wg, &wu, &dx}));
-      KernelArgs args;
-      args.ptr(dz).ptr(s2).ptr(t2).ptr(wg).ptr(wu).ptr(dx).i32(m).i32(n).i32(k);
-      runtime::launch(op, kern, x.device(), {tiles(kern, "BLOCK_M", m, "BLOCK_K", k), 1, 1},
-                      args);
-    }
-  }
-  if (output_mask[1] || output_mask[2]) {
-    // One kernel writes both weight gradients; a frozen one is computed and dropped.
-    dwg = at::empty({n, k}, x.options());
-    dwu = at::empty({n, k}, x.options());
-    if (m == 0) {
-      dwg.zero_();
-      dwu.zero_();
-    } else if (n > 0 && k > 0) {
-      static const auto& fam = runtime::family("swiglu_linear_dw");
-      const auto& kern = fam.pick(op, x2, 0, flags_for(n, k, {&dz, &s2, &t2, &x2, &dwg, &dwu}));
-      KernelArgs args;
-      args.ptr(dz).ptr(s2).ptr(t2).ptr(x2).ptr(dwg).ptr(dwu).i32(m).i32(n).i32(k);
-      runtime::launch(op, kern, x.device(), {tiles(kern, "BLOCK_N", n, "BLOCK_K", k), 1, 1},
-                      args);
-    }
-    if (!output_mask[1]) dwg = at::Tensor();
-    if (!output_mask[2]) dwu = at::Tensor();
-  }
-  return {dx, dwg, dwu};
+std::tuple<at::Tensor, at::Tensor> swiglu_linear_gate_grads_cuda(const at::Tensor& grad_out,
+                                                                 const at::Tensor& t,
+                                                                 const at::Tensor& s) {
+  check_swiglu_linear_gate_grads(grad_out, t, s);
+  return glu::backward("fk::_swiglu_linear_gate_grads", gate_grads_kernels(), grad_out, t, s);
+}
+
+void swiglu_linear_gate_grads_in_place_cuda(const at::Tensor& grad_out, at::Tensor& t,
+                                            at::Tensor& s) {
+  check_swiglu_linear_gate_grads_in_place(grad_out, t, s);
+  glu::backward_in_place("fk::_swiglu_linear_gate_grads_", gate_grads_kernels(), grad_out, t, s);
 }
 
 }  // namespace
@@ -114,5 +89,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_backward_cuda(
 
 TORCH_LIBRARY_IMPL(fk, CUDA, m) {
   m.impl("_swiglu_linear_forward", fk::ops::swiglu_linear_forward_cuda);
-  m.impl("_swiglu_linear_backward", fk::ops::swiglu_linear_backward_cuda);
+  m.impl("_swiglu_linear_gate_grads", fk::ops::swiglu_linear_gate_grads_cuda);
+  m.impl("_swiglu_linear_gate_grads_", fk::ops::swiglu_linear_gate_grads_in_place_cuda);
 }

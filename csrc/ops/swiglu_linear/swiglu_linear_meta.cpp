@@ -19,16 +19,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_forward_meta(
   return {make(output_mask[0]), make(output_mask[1]), make(output_mask[1])};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_backward_meta(
-    const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& w_gate,
-    const at::Tensor& w_up, const at::Tensor& s, const at::Tensor& t,
-    std::array<bool, 3> output_mask) {
-  check_swiglu_linear_backward(grad_out, x, w_gate, w_up, s, t);
-  at::Tensor dx, dwg, dwu;
-  if (output_mask[0]) dx = at::empty_symint(x.sym_sizes(), x.options());
-  if (output_mask[1]) dwg = at::empty_symint(w_gate.sym_sizes(), w_gate.options());
-  if (output_mask[2]) dwu = at::empty_symint(w_up.sym_sizes(), w_up.options());
-  return {dx, dwg, dwu};
+std::tuple<at::Tensor, at::Tensor> swiglu_linear_gate_grads_meta(const at::Tensor& grad_out,
+                                                                  const at::Tensor& t,
+                                                                  const at::Tensor& s) {
+  check_swiglu_linear_gate_grads(grad_out, t, s);
+  return {at::empty_symint(t.sym_sizes(), t.options()),
+          at::empty_symint(s.sym_sizes(), s.options())};
+}
+
+void swiglu_linear_gate_grads_in_place_meta(const at::Tensor& grad_out, at::Tensor& t,
+                                            at::Tensor& s) {
+  check_swiglu_linear_gate_grads_in_place(grad_out, t, s);
 }
 
 }  // namespace
@@ -36,5 +37,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_backward_meta(
 
 TORCH_LIBRARY_IMPL(fk, Meta, m) {
   m.impl("_swiglu_linear_forward", fk::ops::swiglu_linear_forward_meta);
-  m.impl("_swiglu_linear_backward", fk::ops::swiglu_linear_backward_meta);
+  m.impl("_swiglu_linear_gate_grads", fk::ops::swiglu_linear_gate_grads_meta);
+  m.impl("_swiglu_linear_gate_grads_", fk::ops::swiglu_linear_gate_grads_in_place_meta);
 }

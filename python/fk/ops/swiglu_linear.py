@@ -23,12 +23,23 @@ def swiglu_linear(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
 
     Returns:
         ``(..., N)`` of ``x``'s dtype, contiguous. Differentiable in ``x``, ``w_gate`` and
-        ``w_up``: the backward is two GEMM kernels, one for ``grad_x`` and one for both
-        weight gradients, which form ``grad_a`` and ``grad_b`` as they load their operands
-        and round them to ``x``'s dtype before the tensor-core products (float32
-        accumulation). Only the gradients that are needed are computed (frozen weights:
-        no weight-gradient kernel; ``x`` not requiring grad: no ``grad_x`` kernel).
-        Non-contiguous inputs are copied to contiguous memory first. On CUDA, float32
-        products use three TF32 passes (about float32 accuracy).
+        ``w_up``. The backward forms ``grad_a = grad_z * silu'(a) * b`` and
+        ``grad_b = grad_z * silu(a)`` in one elementwise kernel (float32 products, rounded
+        to ``x``'s dtype), writing them over the two saved tensors when nothing can read
+        those again (not with ``retain_graph=True`` or ``create_graph=True``: then into
+        new memory), and runs the products ``grad_x = grad_a @ w_gate + grad_b @ w_up``,
+        ``grad_w_gate = grad_a.T @ x``, ``grad_w_up = grad_b.T @ x`` through
+        ``torch.mm`` (cuBLAS on CUDA, float32 accumulation). Only the gradients that are
+        needed are computed (frozen weights: no weight products; ``x`` not requiring
+        grad: no ``grad_x`` products). Non-contiguous inputs are copied to contiguous
+        memory first. On CUDA, the forward's float32 products use three TF32 passes
+        (about float32 accuracy).
+
+    Memory and time of ``recompute`` (Llama-3-8B MLP, 8192 tokens, bf16): the default
+    holds ``s`` and ``t`` (2 x 224 MiB) from forward to backward; ``recompute=True`` holds
+    none of it but runs the fused forward GEMM again in the backward (about 3 ms on an
+    H200, a third more work for this op's forward + backward). Within one layer's backward
+    the peak is the same; the saving is per layer whose activations wait for the
+    backward (activation checkpointing gets the same effect for whole blocks).
     """
     return torch.ops.fk.swiglu_linear(x, w_gate, w_up, recompute)
