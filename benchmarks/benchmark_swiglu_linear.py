@@ -15,11 +15,12 @@ mlp    the whole MLP, down(silu(gate(x)) * up(x)), forward + backward with every
        trainable: torch eager, torch.compile, Liger's LigerSwiGLUMLP, fk.nn.SwiGLUMLP
        (cuBLAS + fk.swiglu), fk.nn.FusedSwiGLUMLP (fk.swiglu_linear, factors saved) and the
        same with recompute=True; time and peak memory above the inputs.
-gemm   TFLOP/s of fk's three GEMM kernels (forward writing z, s, t; dx; both dW) against
-       cuBLAS doing the same products with stacked weights (torch.matmul). Each kernel does
-       4 * tokens * inter * hidden flops. Then the whole backward of the gated projection
-       both ways: fk's dx and dW kernels, and da, db written out by torch followed by
-       cuBLAS for the products.
+gemm   TFLOP/s of fk's fused forward GEMM in its three store modes (training: z, s, t; no
+       grad: z; the backward's recompute: s, t) against cuBLAS doing the same products with
+       stacked weights (torch.matmul); 4 * tokens * inter * hidden flops. Then the backward
+       of the gated projection: fk's gate-gradient kernel alone (bandwidth), the op's whole
+       backward (that kernel + cuBLAS for dx, dWg, dWu), and torch forming da, db with two
+       multiplications followed by cuBLAS on stacked operands.
 Rows go to benchmarks/results/swiglu_linear_<gpu>.csv (the harness's columns plus flops and
 tflops); timing and peak memory use the shared harness.
 
@@ -27,17 +28,22 @@ Floors at Llama-3-8B, 8192 tokens, bf16 (T = 8192, H = 4096, N = 14336; MiB = 2^
 - Each fused kernel does 4 T N H = 1.924 TFLOP: 2.75 ms at cuBLAS's ~700 TFLOP/s. Its
   minimum DRAM traffic is 960 MiB (fwd: x 64 + Wg, Wu 224 + z, s, t 672; dx: dz, s, t 672 +
   W 224 + dx 64; dW: dz, s, t 672 + x 64 + dW 224), 0.24 ms at 4.2 TB/s: compute-bound
-  (about 2000 FLOP per byte against a ridge near 200).
+  (about 2000 FLOP per byte against a ridge near 200). Triton reached 59 % (dx) and 74 %
+  (dW) of cuBLAS on the backward products, so the backward is one elementwise kernel
+  (da = dz t, db = dz s: 5 x 224 MiB, 0.28 ms) + cuBLAS (dx 2.75 ms, dW 2.81 ms).
 - Unfused forward: cuBLAS on (T x 2N x H) 2.75 ms + SiLU-mul (read 448, write 224 MiB)
   0.17 ms = 2.92 ms; 0.95 of that asks the fused forward for ~695 TFLOP/s, cuBLAS's rate.
 - MLP forward + backward, eager: nine GEMMs (1.37 ms each at 700 TFLOP/s) + about 2.9 GB of
   elementwise traffic (0.7 ms) = ~13.1 ms. fk: three cuBLAS GEMMs for down_proj (4.1 ms) +
-  three fused kernels; 0.98 of eager needs them at ~660 TFLOP/s (94 % of cuBLAS).
+  the fused forward (3.2 ms at 606 TFLOP/s) + gate grads (0.28 ms) + cuBLAS dx, dW
+  (5.6 ms) = ~13.2 ms: at eager's time, not below it unless the fused forward gains on
+  the SiLU-mul and stores it saves (eager: a, b written, read twice, silu(a) written).
 - Peak memory above the inputs, eager: a, b, silu(a), d_prod, d_silu, d_b (6 x 224) + dWd
-  112 + output 64 = ~1520 MiB in the SiLU-mul backward. fk: s, t, dz (3 x 224) + dWd, dWg,
-  dWu (3 x 112) + dx, output (2 x 64) = ~1136 MiB (0.75). recompute=True has the same peak
-  inside one MLP's backward; what it saves is the 448 MiB of s, t per layer held between
-  forward and backward.
+  112 + output 64 = ~1520 MiB in the SiLU-mul backward. fk: s, t, dz (3 x 224; da, db are
+  written over t, s) + dWd, dWg, dWu (3 x 112) + dx, output (2 x 64) = ~1136 MiB (0.75).
+  recompute=True has the same peak inside one MLP's backward; what it saves is the
+  448 MiB of s, t per layer held between forward and backward, for a second forward GEMM
+  (~3 ms) in the backward.
 """
 import torch
 import torch.nn.functional as F
@@ -189,25 +195,29 @@ def gemm_section(b, tokens):
     n = ctx.model.intermediate_size
     x, wg, wu, wcat, flops = operands(ctx, tokens)
     dz = torch.randn(tokens, n, device=ctx.device, dtype=ctx.dtype)
-    dab = torch.randn(tokens, 2 * n, device=ctx.device, dtype=ctx.dtype)
     _, s, t = torch.ops.fk._swiglu_linear_forward(x, wg, wu, [False, True])
-    runs = {
-        "fwd cublas": lambda: torch.matmul(x, wcat.T),
-        "fwd fk": lambda: torch.ops.fk._swiglu_linear_forward(x, wg, wu, [True, True]),
-        "dx cublas": lambda: torch.matmul(dab, wcat),
-        "dx fk": lambda: torch.ops.fk._swiglu_linear_backward(dz, x, wg, wu, s, t,
-                                                              [True, False, False]),
-        "dw cublas": lambda: torch.matmul(dab.T, x),
-        "dw fk": lambda: torch.ops.fk._swiglu_linear_backward(dz, x, wg, wu, s, t,
-                                                              [False, True, True]),
-        # The whole backward both ways: fk's two kernels, or da, db written out by torch
-        # and the three products through cuBLAS.
-        "bwd fk": lambda: torch.ops.fk._swiglu_linear_backward(dz, x, wg, wu, s, t,
-                                                               [True, True, True]),
-        "bwd torch da,db + cublas": lambda: cublas_backward(dz, x, wcat, s, t),
-    }
-    for name, fn in runs.items():
-        b.time("gemm", tokens, name, fn, flops=2 * flops if name.startswith("bwd") else flops)
+    e = ctx.elem
+    b.time("gemm", tokens, "fwd cublas (stacked)", lambda: torch.matmul(x, wcat.T), flops=flops)
+    b.time("gemm", tokens, "fwd fk (z, s, t)",
+           lambda: torch.ops.fk._swiglu_linear_forward(x, wg, wu, [True, True]), flops=flops)
+    b.time("gemm", tokens, "fwd fk (z)",
+           lambda: torch.ops.fk._swiglu_linear_forward(x, wg, wu, [True, False]), flops=flops)
+    b.time("gemm", tokens, "fwd fk (s, t: recompute)",
+           lambda: torch.ops.fk._swiglu_linear_forward(x, wg, wu, [False, True]), flops=flops)
+    # The backward of the gated projection: the gate-gradient kernel alone (bytes: read dz,
+    # t, s, write da, db), then as the op runs it (that kernel + cuBLAS for dx and both dW),
+    # against torch forming da, db with two multiplications and cuBLAS on stacked operands.
+    b.time("gemm", tokens, "bwd fk gate grads",
+           lambda: torch.ops.fk._swiglu_linear_gate_grads(dz, t, s), nbytes=5 * dz.numel() * e)
+    b.time("gemm", tokens, "bwd fk", lambda: fk_backward(dz, x, wg, wu, t, s), flops=2 * flops)
+    b.time("gemm", tokens, "bwd torch da,db + cublas (stacked)",
+           lambda: cublas_backward(dz, x, wcat, s, t), flops=2 * flops)
+
+
+def fk_backward(dz, x, wg, wu, t, s):
+    """What the op's backward runs (new tensors for da, db, as with retain_graph)."""
+    da, db = torch.ops.fk._swiglu_linear_gate_grads(dz, t, s)
+    return torch.addmm(torch.mm(da, wg), db, wu), torch.mm(da.T, x), torch.mm(db.T, x)
 
 
 def cublas_backward(dz, x, wcat, s, t):
@@ -260,9 +270,9 @@ def print_criteria(b):
             pk, pt = peak(mode), peak("torch")
             if pk == pk and pt == pt:
                 ratio(pk, pt, 0.8, f"mlp peak memory: {mode} / torch")
-        for k in ("fwd", "dx", "dw"):
-            ratio(ms("gemm", f"{k} cublas"), ms("gemm", f"{k} fk"), 0.85,
-                  f"{k} GEMM rate: fk / cuBLAS", higher=True)
+        for mode in ("z, s, t", "z"):
+            ratio(ms("gemm", "fwd cublas (stacked)"), ms("gemm", f"fwd fk ({mode})"), 0.85,
+                  f"fused GEMM rate writing {mode}: fk / cuBLAS", higher=True)
     if lines:
         print("\ntargets")
         print("\n".join(lines))
