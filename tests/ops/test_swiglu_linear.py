@@ -16,9 +16,9 @@ from helpers import (DTYPES, assert_close, cdiv, error_lines, load_triton_src, m
 #
 # Written from the definition, in float64: a = x Wg^T, b = x Wu^T, z = silu(a) * b. The op
 # documents where it rounds to x's dtype: z once; the backward factors s = silu(a) and
-# t = b * silu'(a) once; da = dz * t and db = dz * s once (tensor-core operands); each
-# gradient once at the end. `cast` rounds float32 to the dtype (the interpreter truncates
-# bfloat16, see helpers.round_toward_zero).
+# t = b * silu'(a) once; da = dz * t and db = dz * s once (the GEMM operands); da Wg once
+# (dx = da Wg, then db Wu added onto it); each gradient once at the end. `cast` rounds
+# float32 to the dtype (the interpreter truncates bfloat16, see helpers.round_toward_zero).
 
 
 def _rnd(t, dtype, cast):
@@ -49,7 +49,9 @@ def ref_backward(dz, x, wg, wu, cast=round_nearest):
     da = _rnd(dz64 * t.double().reshape(-1, n), dtype, cast)
     db = _rnd(dz64 * s.double().reshape(-1, n), dtype, cast)
     x64 = x.detach().double().reshape(-1, k)
-    dx = da @ wg.detach().double() + db @ wu.detach().double()
+    # dx = da Wg + db Wu as the op runs it: one product, then the other added onto it in
+    # place (addmm_), so the first is rounded to the dtype on its own.
+    dx = _rnd(da @ wg.detach().double(), dtype, cast) + db @ wu.detach().double()
     outs = (dx.reshape(x.shape), da.T @ x64, db.T @ x64)
     return [_rnd(o, dtype, cast).to(dtype) for o in outs]
 
