@@ -59,6 +59,11 @@ at::Tensor fused_linear_cross_entropy(
 // The version of the torch this libfk was built against, e.g. "2.11.0+cu130".
 const char* built_torch_version();
 
+// silu(x @ w_gate^T) * (x @ w_up^T) in one GEMM kernel. x: (..., K); w_gate, w_up: (N, K)
+// (nn.Linear weights) of x's dtype and device; result (..., N). recompute: keep only x and
+// the weights for the backward, which then repeats the forward GEMM.
+at::Tensor swiglu_linear(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
+                         bool recompute = false);
 // Softmax over dim, computed in fp32 and rounded to x's dtype (like torch.softmax; a row of
 // only -inf gives NaN). Any dim; the last one is the fast path (others cost a copy in and out).
 at::Tensor softmax(const at::Tensor& x, int64_t dim = -1);

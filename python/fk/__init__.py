@@ -24,6 +24,7 @@ from .ops.rms_norm import rms_norm  # noqa: E402
 from .ops.rope import rope, rope_  # noqa: E402
 from .ops.softmax import softmax  # noqa: E402
 from .ops.swiglu import swiglu  # noqa: E402
+from .ops.swiglu_linear import swiglu_linear  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -31,7 +32,7 @@ __version__ = "0.1.0"
 cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
 __all__ = ["cross_entropy", "fused_add_rms_norm", "fused_linear_cross_entropy", "geglu",
-           "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu",
+           "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu", "swiglu_linear",
            "nn", "build_info", "cmake_prefix_path"]
 
 

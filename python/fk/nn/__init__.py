@@ -7,6 +7,7 @@ from .layer_norm import LayerNorm
 from .rms_norm import RMSNorm
 from .softmax import Softmax
 from .swiglu import SwiGLUMLP
+from .swiglu_linear import FusedSwiGLU, FusedSwiGLUMLP
 
 __all__ = ["CrossEntropyLoss", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss", "GEGLUMLP",
-           "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP"]
+           "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP"]

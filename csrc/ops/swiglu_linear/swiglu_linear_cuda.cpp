@@ -1,0 +1,94 @@
+// CUDA kernels of fk::swiglu_linear: AOT-compiled Triton (triton_src/swiglu_linear.py).
+//
+// Forward: inputs are made contiguous (x as (M, K) rows, the weights as (N, K)); a copy is
+// made only for inputs that are not. One launch writes z and / or the factors s, t. The
+// backward's elementwise step is one launch over grad_out, t, s (the gated activations'
+// launch helpers); its GEMMs run through ATen (see swiglu_linear_autograd.cpp).
+#include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
+#include <torch/library.h>
+
+#include "ops/glu/glu_cuda.h"
+#include "ops/swiglu_linear/swiglu_linear.h"
+#include "runtime/checks.h"
+#include "runtime/kernels.h"
+
+namespace fk::ops {
+namespace {
+
+using runtime::KernelArgs;
+
+// Contiguous (rows, last dim) view of t (a copy only when t is not contiguous).
+at::Tensor as_rows(const at::Tensor& t) {
+  const int64_t m = c10::multiply_integers(t.sizes().slice(0, t.dim() - 1));
+  return t.contiguous().view({m, t.size(-1)});
+}
+
+// The aligned variants assume 16-byte aligned pointers and N, K multiples of 16 (every row
+// of every operand then starts 16-byte aligned).
+uint32_t flags_for(int64_t n, int64_t k, std::initializer_list<const at::Tensor*> tensors) {
+  return (n % 16 == 0 && k % 16 == 0 && runtime::aligned16(tensors)) ? runtime::kFlagAligned
+                                                                     : 0;
+}
+
+int64_t tiles(const runtime::KernelSpec& k, const char* rows_block, int64_t rows,
+              const char* cols_block, int64_t cols) {
+  return checks::ceil_div(rows, k.constexpr_value(rows_block)) *
+         checks::ceil_div(cols, k.constexpr_value(cols_block));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_forward_cuda(
+    const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
+    std::array<bool, 2> output_mask) {
+  constexpr const char* op = "fk::swiglu_linear";
+  check_swiglu_linear(x, w_gate, w_up);
+  auto x2 = as_rows(x);
+  auto wg = w_gate.contiguous(), wu = w_up.contiguous();
+  const int64_t m = x2.size(0), k = x2.size(1), n = wg.size(0);
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  auto make = [&](bool want) { return want ? at::empty(sizes, x.options()) : at::Tensor(); };
+  at::Tensor z = make(output_mask[0]), s = make(output_mask[1]), t = make(output_mask[1]);
+  if (m == 0 || n == 0 || !(output_mask[0] || output_mask[1])) return {z, s, t};
+  if (k == 0) {  // a = b = 0, so z, s and t are zero; no launch (nor a TMA descriptor of width 0)
+    for (at::Tensor* out : {&z, &s, &t}) {
+      if (out->defined()) out->zero_();
+    }
+    return {z, s, t};
+  }
+
+  static const auto& fam = runtime::family("swiglu_linear_fwd");
+  const auto& kern = fam.pick(op, x2, 0, flags_for(n, k, {&x2, &wg, &wu, &z, &s, &t}));
+  KernelArgs args;
+  args.ptr(x2).ptr(wg).ptr(wu).ptr(z).ptr(s).ptr(t).i32(m).i32(n).i32(k)
+      .i32(output_mask[0] ? 1 : 0).i32(output_mask[1] ? 1 : 0);
+  runtime::launch(op, kern, x.device(), {tiles(kern, "BLOCK_M", m, "BLOCK_N", n), 1, 1}, args);
+  return {z, s, t};
+}
+
+const runtime::KernelFamily& gate_grads_kernels() {
+  static const auto& fam = runtime::family("swiglu_linear_gate_grads");
+  return fam;
+}
+
+std::tuple<at::Tensor, at::Tensor> swiglu_linear_gate_grads_cuda(const at::Tensor& grad_out,
+                                                                 const at::Tensor& t,
+                                                                 const at::Tensor& s) {
+  check_swiglu_linear_gate_grads(grad_out, t, s);
+  return glu::backward("fk::_swiglu_linear_gate_grads", gate_grads_kernels(), grad_out, t, s);
+}
+
+void swiglu_linear_gate_grads_in_place_cuda(const at::Tensor& grad_out, at::Tensor& t,
+                                            at::Tensor& s) {
+  check_swiglu_linear_gate_grads_in_place(grad_out, t, s);
+  glu::backward_in_place("fk::_swiglu_linear_gate_grads_", gate_grads_kernels(), grad_out, t, s);
+}
+
+}  // namespace
+}  // namespace fk::ops
+
+TORCH_LIBRARY_IMPL(fk, CUDA, m) {
+  m.impl("_swiglu_linear_forward", fk::ops::swiglu_linear_forward_cuda);
+  m.impl("_swiglu_linear_gate_grads", fk::ops::swiglu_linear_gate_grads_cuda);
+  m.impl("_swiglu_linear_gate_grads_", fk::ops::swiglu_linear_gate_grads_in_place_cuda);
+}
