@@ -5,7 +5,7 @@
 #   tune   launch-config sweeps with Triton's JIT (benchmarks/tune_<op>.py; TUNE_OPS picks some)
 #   cold   first-call latency in fresh processes (fk, torch.compile, Liger)
 #   bench  the op benchmarks at Llama-3-8B shapes, each twice (the spread is the noise);
-#          BENCH_OPS="rope softmax" picks some
+#          BENCH_OPS="rope softmax" (or "rope,softmax") picks some
 #   hf     full training steps of a ~1B Llama (Llama-3.2-1B shape): eager HF, fk, Liger
 #          (benchmarks/benchmark_hf_training.py; HF_ARGS is passed on, e.g. "--batch 4")
 # Logs and CSVs go to $OUT (default ./gpu_out).
@@ -49,8 +49,9 @@ if [[ $STEPS == *tests* ]]; then
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
 fi
 if [[ $STEPS == *tune* ]]; then
-  # TUNE_OPS (space-separated) restricts the sweeps; default: every benchmarks/tune_<op>.py.
-  for op in ${TUNE_OPS:-$(ls benchmarks/tune_*.py | sed 's|.*/tune_||; s|\.py$||')}; do
+  # TUNE_OPS (spaces or commas) restricts the sweeps; default: every benchmarks/tune_<op>.py.
+  TOPS=${TUNE_OPS:-$(ls benchmarks/tune_*.py | sed 's|.*/tune_||; s|\.py$||')}
+  for op in ${TOPS//,/ }; do
     python3 benchmarks/tune_$op.py 2>&1 | tee -a "$OUT/tune.log"
   done
 fi
@@ -61,8 +62,9 @@ if [[ $STEPS == *cold* ]]; then
   python3 benchmarks/cold_start.py --out "$OUT/cold_start.jsonl" 2>&1 | tee "$OUT/cold_start.log"
 fi
 if [[ $STEPS == *bench* ]]; then
-  # BENCH_OPS (space-separated) restricts the ops; default: every benchmarks/benchmark_<op>.py.
+  # BENCH_OPS (spaces or commas) restricts the ops; default: every benchmarks/benchmark_<op>.py.
   OPS=${BENCH_OPS:-$(ls benchmarks/benchmark_*.py | sed 's|.*/benchmark_||; s|\.py$||')}
+  OPS=${OPS//,/ }
   # BENCH_PASSES (default 2) runs; BENCH_ARGS is passed on (e.g. "--tokens 8192").
   for pass in $(seq ${BENCH_PASSES:-2}); do
     for op in $OPS; do

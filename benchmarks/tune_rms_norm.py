@@ -3,7 +3,10 @@ library uses the AOT variants in triton_src/rms_norm.py). Prints the median time
 configuration at one shape, forward and backward, so the chosen ones can be written into
 triton_src/rms_norm.py as data.
 
-    python benchmarks/tune_rms_norm.py [--rows 8192] [--hidden 4096]
+    python benchmarks/tune_rms_norm.py [--rows 8192] [--hidden 4096] [--wide 12288,16384]
+
+--wide: rows wider than rms_norm.BWD_MAX_BLOCK, where the library takes the looped backward;
+times it against the single-pass backward at the same width (which spills there).
 """
 import argparse
 import os
@@ -68,6 +71,8 @@ def main():
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--fwd-only", action="store_true")
+    ap.add_argument("--wide", default="12288,16384",
+                    help="comma-separated widths for the wide-row backward ('' skips it)")
     args = ap.parse_args()
     m, n = args.rows, args.hidden
     block = triton.next_power_of_2(n)
@@ -132,6 +137,31 @@ def main():
             gbs = (3 * m * n * esz + 4 * m) / ms / 1e6
             print(f"bwd per_sm={per_sm:2d} warps={warps:2d}: kernel {ms * 1e3:7.1f} us "
                   f"{gbs:6.0f} GB/s, dw reduce {red * 1e3:6.1f} us")
+    wide_backward(m, sms, [int(w) for w in args.wide.split(",") if w])
+
+
+def wide_backward(m, sms, widths):
+    """Backward kernels at widths past BWD_MAX_BLOCK (bf16, weight, llama casting), on the
+    library's grid of 2 programs per multiprocessor: looped (what the library runs) against
+    the single-pass kernel at 16 warps."""
+    programs = min(m, 2 * sms)
+    rpp = triton.cdiv(m, programs)
+    programs = triton.cdiv(m, rpp)
+    for n in widths:
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        dy, dx = torch.randn_like(x), torch.empty_like(x)
+        rstd = torch.rand(m, device="cuda") + 0.5
+        dwp = torch.empty(programs, n, device="cuda", dtype=torch.float32)
+        gbs = 3 * m * n * x.element_size() + 4 * m
+        for name, kernel, block, warps in (
+                ("looped (library)", K.rms_norm_bwd_looped_kernel, K.LOOP_BLOCK, 8),
+                ("single pass", K.rms_norm_bwd_kernel, triton.next_power_of_2(n), 16)):
+            ms = bench(lambda: kernel[(programs,)](
+                dy, x, w, rstd, dx, dwp, n, n, n, m, n, 0.0, rpp, 1, 1, BLOCK_N=block,
+                num_warps=warps))
+            print(f"bwd {m} x {n} {name:16s} BLOCK_N={block:5d} warps={warps:2d}: kernel "
+                  f"{ms * 1e3:7.1f} us {gbs / ms / 1e6:6.0f} GB/s")
 
 
 if __name__ == "__main__":

@@ -8,14 +8,16 @@ configuration, so the chosen ones can be written into triton_src/softmax.py as d
     python benchmarks/tune_softmax.py --width 128256 --part fwd,bwd   # looped only
 
 Parts:
-  fwd      the forward at rows x width: the single-pass kernel (per-group shift) at 16 and
-           32 warps, a candidate that shifts by the row max (max, then exp and sum: one more
-           dependent step, as Liger does) with and without streaming cache hints, and the
-           looped kernel over chunk x warps x programs per multiprocessor.
-  bwd      the backward: the single-pass kernel, a candidate that keeps only y in registers
-           and reads dy again for dx (from L1/L2), and the looped kernel sweep.
+  fwd      the forward at rows x width: the library's single-pass kernel in both forms (the
+           per-group shift, ROW_MAX=0, and the row-max shift, ROW_MAX=1, which the 32768
+           bucket uses) at 16 and 32 warps, and the looped kernel over chunk x warps x
+           programs per multiprocessor.
+  bwd      the backward: the single-pass kernel holding y and dy (RELOAD=0) and the one that
+           keeps only y and reads dy again for dx (RELOAD=1, the 32768 bucket), and the
+           looped kernel sweep.
   buckets  every single-pass bucket at the same bytes (rows = rows * width / bucket):
-           rows per program x warps, forward and backward, best first.
+           rows per program x warps x form (alt = ROW_MAX / RELOAD), forward and backward,
+           best first.
 """
 import argparse
 import os
@@ -23,49 +25,10 @@ import sys
 
 import torch
 import triton
-import triton.language as tl
 import triton.testing
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "triton_src"))
 import softmax as K  # noqa: E402
-
-NEG_INF = tl.constexpr(float("-inf"))
-
-
-@triton.jit
-def fwd_row_max_kernel(x_ptr, y_ptr, stride, N, BLOCK_N: tl.constexpr, STREAM: tl.constexpr):
-    """Candidate: shift by the row max (a block-wide max before any exp)."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
-    if STREAM:
-        x = tl.load(x_ptr + row * stride + cols, mask=mask, other=NEG_INF,
-                    eviction_policy="evict_first")
-    else:
-        x = tl.load(x_ptr + row * stride + cols, mask=mask, other=NEG_INF)
-    x = x.to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=0))
-    y = (e * (1.0 / tl.sum(e, axis=0))).to(y_ptr.dtype.element_ty)
-    if STREAM:
-        tl.store(y_ptr + row * stride + cols, y, mask=mask, cache_modifier=".cs")
-    else:
-        tl.store(y_ptr + row * stride + cols, y, mask=mask)
-
-
-@triton.jit
-def bwd_reload_kernel(dy_ptr, y_ptr, dx_ptr, stride, N, BLOCK_N: tl.constexpr):
-    """Candidate: y stays in registers, dy is read a second time for dx (the two loads
-    differ in their eviction hint, so the compiler cannot merge them)."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
-    y = tl.load(y_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + row * stride + cols, mask=mask, other=0.0,
-                 eviction_policy="evict_last").to(tl.float32)
-    dot = tl.sum(y * dy, axis=0)
-    dy = tl.load(dy_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(dx_ptr + row * stride + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty),
-             mask=mask)
 
 
 def bench(fn):
@@ -102,25 +65,22 @@ def looped_configs(sms, m):
 
 
 def single_pass(kind, tensors, m, n, block, warps):
-    """(name, launch) of the single-pass kernel and its candidates."""
-    if kind == "fwd":
-        x, y = tensors
-        yield f"single (group shift) warps={warps}", lambda: K.softmax_fwd_kernel[(m,)](
-            x, y, n, n, m, n, BLOCK_N=block, ROWS=1, num_warps=warps)
-        for stream in (False, True):
-            yield (f"candidate row-max shift warps={warps} stream={stream}",
-                   lambda: fwd_row_max_kernel[(m,)](x, y, n, n, BLOCK_N=block, STREAM=stream,
-                                                    num_warps=warps))
-    else:
-        dy, y, dx = tensors
-        yield f"single warps={warps}", lambda: K.softmax_bwd_kernel[(m,)](
-            dy, y, dx, n, n, n, m, n, BLOCK_N=block, ROWS=1, num_warps=warps)
-        yield f"candidate reload dy warps={warps}", lambda: bwd_reload_kernel[(m,)](
-            dy, y, dx, n, n, BLOCK_N=block, num_warps=warps)
+    """(name, launch) of the library's single-pass kernel in both forms."""
+    for alt in (0, 1):
+        if kind == "fwd":
+            x, y = tensors
+            yield (f"single {('group shift', 'row-max shift')[alt]} ROW_MAX={alt} warps={warps}",
+                   lambda: K.softmax_fwd_kernel[(m,)](x, y, n, n, m, n, BLOCK_N=block, ROWS=1,
+                                                      ROW_MAX=alt, num_warps=warps))
+        else:
+            dy, y, dx = tensors
+            yield (f"single {('y + dy', 'reload dy')[alt]} RELOAD={alt} warps={warps}",
+                   lambda: K.softmax_bwd_kernel[(m,)](dy, y, dx, n, n, n, m, n, BLOCK_N=block,
+                                                      ROWS=1, RELOAD=alt, num_warps=warps))
 
 
 def part_rows(kind, m, n, dtype, sms):
-    """The forward ("fwd") or backward ("bwd") at m x n: single pass, candidates, looped."""
+    """The forward ("fwd") or backward ("bwd") at m x n: single pass (both forms), looped."""
     x = torch.randn(m, n, device="cuda", dtype=dtype)
     if kind == "fwd":
         tensors, looped = (x, torch.empty_like(x)), K.softmax_fwd_looped_kernel
@@ -144,7 +104,8 @@ def part_rows(kind, m, n, dtype, sms):
 
 
 def tune_bucket(kind, block, total, dtype):
-    """Rows per program x warps for one single-pass bucket; returns the fastest."""
+    """Rows per program x warps x form for one single-pass bucket; returns the fastest as
+    (block, rows, warps, alt)."""
     m = total // block
     x = torch.randn(m, block, device="cuda", dtype=dtype)
     y, dy, dx = torch.empty_like(x), torch.randn_like(x), torch.empty_like(x)
@@ -156,23 +117,25 @@ def tune_bucket(kind, block, total, dtype):
             if rows * block > 32768 or not 4 <= per_thread <= 64:
                 continue
             grid = (triton.cdiv(m, rows),)
-            if kind == "fwd":
-                fn = lambda: K.softmax_fwd_kernel[grid](  # noqa: E731
-                    x, y, block, block, m, block, BLOCK_N=block, ROWS=rows, num_warps=warps)
-            else:
-                fn = lambda: K.softmax_bwd_kernel[grid](  # noqa: E731
-                    dy, y, dx, block, block, block, m, block, BLOCK_N=block, ROWS=rows,
-                    num_warps=warps)
-            r.add(f"{kind} block={block} rows={rows} warps={warps}", fn)
+            for alt in (0, 1):
+                if kind == "fwd":
+                    fn = lambda: K.softmax_fwd_kernel[grid](  # noqa: E731
+                        x, y, block, block, m, block, BLOCK_N=block, ROWS=rows, ROW_MAX=alt,
+                        num_warps=warps)
+                else:
+                    fn = lambda: K.softmax_bwd_kernel[grid](  # noqa: E731
+                        dy, y, dx, block, block, block, m, block, BLOCK_N=block, ROWS=rows,
+                        RELOAD=alt, num_warps=warps)
+                r.add(f"{kind} block={block} rows={rows} warps={warps} alt={alt}", fn)
     r.best(f"{kind} {block}", k=2)
     name = min(r.rows)[1]
-    rows, warps = (int(p.split("=")[1]) for p in name.split()[2:4])
-    return block, rows, warps
+    rows, warps, alt = (int(p.split("=")[1]) for p in name.split()[2:5])
+    return block, rows, warps, alt
 
 
 def part_buckets(total, dtype):
-    print(f"\nsingle-pass buckets, {total} elements each (AOT: rows per program, warps)")
-    picks = {kind: [tune_bucket(kind, block, total, dtype) for block, _, _ in K._BUCKETS[kind]]
+    print(f"\nsingle-pass buckets, {total} elements each (AOT: rows per program, warps, alt)")
+    picks = {kind: [tune_bucket(kind, b[0], total, dtype) for b in K._BUCKETS[kind]]
              for kind in ("fwd", "bwd")}
     print("\nfastest per bucket, as triton_src/softmax.py data:")
     for kind, picked in picks.items():

@@ -11,10 +11,14 @@ fp32), so each thread exponentiates its values as soon as they arrive, without w
 a row-wide max, and only the group maxima and sums are combined across threads:
   e = exp(x - m_g),  s_g = sum(e),  m = max(m_g),  y = e * exp(m_g - m) / sum(s_g * exp(m_g - m)).
 A group of only -inf is shifted by 0 instead of -inf, so it adds 0 rather than NaN.
+With ROW_MAX = 1 the single-pass forward shifts by the row max instead (a row-wide max
+before any exp, then exp and sum): the H200 sweep found that form faster for the 32768
+bucket (329 vs 335 us at 8192 x 32768 bf16), where a thread holds 32 values of the row.
 
 Kernels:
   softmax_fwd_kernel         ROWS rows of at most BLOCK_N columns per program, held in
-                             registers: one read of x, one write of y.
+                             registers: one read of x, one write of y. ROW_MAX picks the
+                             shift (per group or per row).
   softmax_fwd_looped_kernel  any N, in BLOCK_N chunks: pass 1 keeps running group maxima and
                              rescaled sums (online softmax), pass 2 writes y; each step loads
                              the next chunk before using this one. x is read twice;
@@ -22,6 +26,10 @@ Kernels:
                              striding over rows) so that the rows in flight stay in L2 for the
                              second read.
   softmax_bwd_kernel         ROWS rows per program in registers: read y, dy; write dx.
+                             With RELOAD = 1 only y stays in registers: dy is loaded once
+                             for sum(dy * y) (marked evict_last) and again for dx, from L1 /
+                             L2, which frees registers for wide rows (32768: 374.5 vs 379.6
+                             us on the H200, at 32 warps instead of 16).
   softmax_bwd_looped_kernel  any N: pass 1 sums dy * y, pass 2 writes dx (persistent grid).
 All offsets are int64, so tensors past 2^31 elements work.
 """
@@ -47,21 +55,31 @@ def _safe_shift(m):
 
 @triton.jit
 def softmax_fwd_kernel(x_ptr, y_ptr, x_stride, y_stride, M, N, BLOCK_N: tl.constexpr,
-                       ROWS: tl.constexpr):
-    G: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
+                       ROWS: tl.constexpr, ROW_MAX: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    cols = _group_cols(BLOCK_N, G)[None, :, :]
-    mask = (rows < M)[:, None, None] & (cols < N)
-    x = tl.load(x_ptr + rows[:, None, None] * x_stride + cols, mask=mask, other=NEG_INF)
-    x = x.to(tl.float32)
-    mg = tl.max(x, axis=2)                                   # (ROWS, groups)
-    e = tl.exp(x - _safe_shift(mg)[:, :, None])
-    m = tl.max(mg, axis=1)                                   # (ROWS,)
-    w = tl.exp(mg - m[:, None])
-    r = 1.0 / tl.sum(tl.sum(e, axis=2) * w, axis=1)
-    y = e * (w * r[:, None])[:, :, None]
-    tl.store(y_ptr + rows[:, None, None] * y_stride + cols, y.to(y_ptr.dtype.element_ty),
-             mask=mask)
+    if ROW_MAX:
+        cols = tl.arange(0, BLOCK_N)[None, :]
+        mask = (rows < M)[:, None] & (cols < N)
+        x = tl.load(x_ptr + rows[:, None] * x_stride + cols, mask=mask, other=NEG_INF)
+        x = x.to(tl.float32)
+        e = tl.exp(x - tl.max(x, axis=1)[:, None])          # a row of -inf: NaN, as torch
+        y = e * (1.0 / tl.sum(e, axis=1))[:, None]
+        tl.store(y_ptr + rows[:, None] * y_stride + cols, y.to(y_ptr.dtype.element_ty),
+                 mask=mask)
+    else:
+        G: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
+        cols = _group_cols(BLOCK_N, G)[None, :, :]
+        mask = (rows < M)[:, None, None] & (cols < N)
+        x = tl.load(x_ptr + rows[:, None, None] * x_stride + cols, mask=mask, other=NEG_INF)
+        x = x.to(tl.float32)
+        mg = tl.max(x, axis=2)                               # (ROWS, groups)
+        e = tl.exp(x - _safe_shift(mg)[:, :, None])
+        m = tl.max(mg, axis=1)                               # (ROWS,)
+        w = tl.exp(mg - m[:, None])
+        r = 1.0 / tl.sum(tl.sum(e, axis=2) * w, axis=1)
+        y = e * (w * r[:, None])[:, :, None]
+        tl.store(y_ptr + rows[:, None, None] * y_stride + cols,
+                 y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -102,15 +120,22 @@ def softmax_fwd_looped_kernel(x_ptr, y_ptr, x_stride, y_stride, M, N, BLOCK_N: t
 
 @triton.jit
 def softmax_bwd_kernel(dy_ptr, y_ptr, dx_ptr, dy_stride, y_stride, dx_stride, M, N,
-                       BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+                       BLOCK_N: tl.constexpr, ROWS: tl.constexpr, RELOAD: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
+    dy_ptrs = dy_ptr + rows[:, None] * dy_stride + cols[None, :]
     y = tl.load(y_ptr + rows[:, None] * y_stride + cols[None, :], mask=mask, other=0.0)
-    dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0)
     y = y.to(tl.float32)
-    dy = dy.to(tl.float32)
-    dot = tl.sum(y * dy, axis=1)
+    if RELOAD:
+        # The two loads of dy differ in their eviction hint, so they stay two loads: dy
+        # need not live in registers across the row-wide sum.
+        dy = tl.load(dy_ptrs, mask=mask, other=0.0, eviction_policy="evict_last")
+        dot = tl.sum(y * dy.to(tl.float32), axis=1)
+        dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
+        dot = tl.sum(y * dy, axis=1)
     tl.store(dx_ptr + rows[:, None] * dx_stride + cols[None, :],
              (y * (dy - dot[:, None])).to(dx_ptr.dtype.element_ty), mask=mask)
 
@@ -152,20 +177,25 @@ def softmax_bwd_looped_kernel(dy_ptr, y_ptr, dx_ptr, dy_stride, y_stride, dx_str
 # kernels move exactly that; the looped ones read their input a second time (from L2 when
 # the rows in flight fit).
 #
-# Single-pass buckets: (BLOCK_N, rows per program, warps). Short rows: several per program,
-# 2048 elements each. A row of BLOCK_N elements takes BLOCK_N / (32 * warps) fp32 registers
-# per thread and value; ptxas (sm_90a) fits the 32768 x 32-warp forward in 51 (bf16) / 61
-# (fp32) registers without spilling. The backward holds y and dy: at 32768 it spills
-# 32 B (bf16) / 60 B (fp32) per thread, so fp32 rows past 16384 take the looped backward.
-# Without the alignment hints the loads are not vectorized and every element keeps its own
-# address: past 16384 that spills 100+ B, so unaligned rows stop there. Longer rows take
-# the looped kernels.
+# Single-pass buckets: (BLOCK_N, rows per program, warps, alt). Short rows: several per
+# program, 2048 elements each. A row of BLOCK_N elements takes BLOCK_N / (32 * warps) fp32
+# registers per thread and value; ptxas (sm_90a) fits the 32768 x 32-warp forward in 51
+# (bf16) / 61 (fp32) registers without spilling. The backward holds y and dy: at 32768 it
+# spills 32 B (bf16) / 60 B (fp32) per thread at 16 warps, so fp32 rows past 16384 take the
+# looped backward. Without the alignment hints the loads are not vectorized and every
+# element keeps its own address: past 16384 that spills 100+ B, so unaligned rows stop
+# there. Longer rows take the looped kernels.
+# alt = 1: the forward shifts by the row max (ROW_MAX), the backward reloads dy (RELOAD).
+# The sweep measured both only at 32768, where each won (fwd 32 warps: 329.4 vs 334.8 us;
+# bwd 32 warps: 374.5 vs 379.6 us for the plain kernel's best, 16 warps); the other
+# buckets keep the per-group shift and the y + dy backward.
 _BUCKETS = {  # sm_90 sweep (benchmarks/tune_softmax.py on the H200), fastest per bucket
-    "fwd": ((256, 4, 2), (1024, 2, 4), (2048, 1, 4), (4096, 2, 16), (8192, 1, 16),
-            (16384, 1, 16), (32768, 1, 32)),
-    "bwd": ((256, 32, 32), (1024, 8, 8), (2048, 1, 8), (4096, 2, 16), (8192, 1, 16),
-            (16384, 1, 16), (32768, 1, 16)),
+    "fwd": ((256, 4, 2, 0), (1024, 2, 4, 0), (2048, 1, 4, 0), (4096, 2, 16, 0),
+            (8192, 1, 16, 0), (16384, 1, 16, 0), (32768, 1, 32, 1)),
+    "bwd": ((256, 32, 32, 0), (1024, 8, 8, 0), (2048, 1, 8, 0), (4096, 2, 16, 0),
+            (8192, 1, 16, 0), (16384, 1, 16, 0), (32768, 1, 32, 1)),
 }
+_ALT = {"fwd": "ROW_MAX", "bwd": "RELOAD"}  # the constexpr that alt sets, per kind
 
 
 def _max_block(kind: str, dt: str, flags: int) -> int:
@@ -206,11 +236,11 @@ def variants(arch: int) -> list:
         for flags in (0, FLAG_ALIGNED):
             for kind in ("fwd", "bwd"):
                 family = f"softmax_{kind}" + ("" if flags & FLAG_ALIGNED else "_unaligned")
-                for block, rows, warps in _BUCKETS[kind]:
+                for block, rows, warps, alt in _BUCKETS[kind]:
                     if block <= _max_block(kind, dt, flags):
                         out.append(_variant(family, f"softmax_{kind}_kernel", dt, flags, block,
-                                            {"BLOCK_N": block, "ROWS": rows}, warps,
-                                            _ARGS[kind]))
+                                            {"BLOCK_N": block, "ROWS": rows, _ALT[kind]: alt},
+                                            warps, _ARGS[kind]))
                 block, warps, per_sm = _LOOPED[kind]
                 out.append(_variant(f"softmax_{kind}_looped", f"softmax_{kind}_looped_kernel",
                                     dt, flags, block, {"BLOCK_N": block, "PER_SM": per_sm},

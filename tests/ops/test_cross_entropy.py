@@ -58,8 +58,9 @@ def _run_fwd_kernel(mod, x, t, w, kw, block, general, grid, in_place, write_grad
     wt = (w if kw["weight"] is not None else torch.zeros(1)).float()
     den = torch.full((2,), float("nan"))
     if red == 1:
-        mod.cross_entropy_den_kernel[(1,)](t, wt, den, n, v, -100, int(kw["weight"] is not None),
-                                           BLOCK=16)
+        den = torch.zeros(2)  # the programs add into it
+        mod.cross_entropy_den_kernel[(2,)](t, wt, den, n, v, -100, int(kw["weight"] is not None),
+                                           BLOCK=4, PER_SM=1)
     loss, z = torch.full((n,), float("nan")), torch.full((n,), float("nan"))
     grad = x if in_place else torch.full_like(x, float("nan"))
     cap = kw["softcap"]
@@ -118,20 +119,24 @@ def test_interpreter_bad_target_is_nan():
         assert torch.isnan(loss[3]) and torch.isnan(grad[3]).all()
         assert not torch.isnan(loss[[0, 2, 4]]).any() and loss[1] == 0
         den = torch.zeros(2)
-        mod.cross_entropy_den_kernel[(1,)](t, w, den, 5, 40, -100, int(option != "plain"),
-                                           BLOCK=4)
+        mod.cross_entropy_den_kernel[(2,)](t, w, den, 5, 40, -100, int(option != "plain"),
+                                           BLOCK=2, PER_SM=1)
         assert torch.isnan(den).all()
 
 
 @pytest.mark.parametrize("has_weight", [False, True])
-def test_interpreter_denominators(has_weight):
+@pytest.mark.parametrize("programs", [1, 3, 5])
+def test_interpreter_denominators(has_weight, programs):
+    """37 targets in blocks of 8: one program walks all 5 blocks, 3 programs take 2, 2 and 1,
+    5 programs one each; their partial sums add up in den."""
     mod = load_triton_src("cross_entropy")
     x, t, w = _inputs(37, 10, ignore=(0, 5, 6, 36))
-    den = torch.full((2,), float("nan"))
-    mod.cross_entropy_den_kernel[(1,)](t, w, den, 37, 10, -100, int(has_weight), BLOCK=8)
+    den = torch.zeros(2)
+    mod.cross_entropy_den_kernel[(programs,)](t, w, den, 37, 10, -100, int(has_weight), BLOCK=8,
+                                              PER_SM=1)
     keep = t != -100
-    ref_w = w[t[keep]].sum() if has_weight else keep.sum().float()
-    assert_close(den[0], ref_w, torch.float32)
+    ref_w = w[t[keep]].double().sum() if has_weight else keep.sum().double()
+    assert_close(den[0], ref_w.float(), torch.float32)
     assert den[1].item() == keep.sum().item()
 
 
@@ -589,6 +594,25 @@ def test_cuda_llama_shape_one_row_misaligned_non_contiguous(dtype):
     assert torch.equal(xt.detach(), x)
     assert_close(xt.grad, _ref_grad(x.cpu(), t.cpu(), dict(), torch.tensor(1.0)), dtype,
                  factor=3)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", [255, 257, 8192, 40000])
+def test_cuda_mean_denominator_over_many_programs(n):
+    """The mean's denominators come from many programs (blocks of 256 targets, at most one
+    program per multiprocessor, 40000 rows: several blocks each) adding atomically; every
+    7th row is ignored, so each block has its own count."""
+    v = 64
+    x, t, w = _inputs(n, v, torch.float32, "cuda", ignore=range(0, n, 7), seed=n)
+    for weight in (None, w):
+        xa = x.clone().requires_grad_()
+        loss = fk.cross_entropy(xa, t, weight=weight)
+        loss.backward()
+        xr = x.cpu().double().requires_grad_()
+        ref = F.cross_entropy(xr, t.cpu(), weight=None if weight is None else w.cpu().double())
+        ref.backward()
+        assert_close(loss, ref.float(), torch.float32, factor=2, what="loss")
+        assert_close(xa.grad, xr.grad.float(), torch.float32, factor=3, what="grad")
 
 
 @pytest.mark.cuda

@@ -49,10 +49,13 @@ def _masked_rows(x):
 # --- level 1: the Triton source under the interpreter ---------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,block,rows", [(100, 128, 2), (128, 128, 1), (300, 128, None),
-                                          (21, 32, 4)])
-def test_interpreter(dtype, n, block, rows):
-    """rows=None: the looped kernels on 2 programs for 7 rows (each strides over rows)."""
+@pytest.mark.parametrize("n,block,rows,alt", [(100, 128, 2, 0), (128, 128, 1, 0),
+                                              (300, 128, None, 0), (21, 32, 4, 0),
+                                              (100, 128, 2, 1), (128, 128, 1, 1),
+                                              (21, 32, 4, 1)])
+def test_interpreter(dtype, n, block, rows, alt):
+    """rows=None: the looped kernels on 2 programs for 7 rows (each strides over rows).
+    alt=1: the row-max forward (ROW_MAX) and the backward that reloads dy (RELOAD)."""
     mod = load_triton_src("softmax")
     m = 7
     x = _masked_rows(randn(m, n, dtype=dtype, scale=3.0))
@@ -60,15 +63,17 @@ def test_interpreter(dtype, n, block, rows):
     if rows is None:
         mod.softmax_fwd_looped_kernel[(2,)](x, y, n, n, m, n, BLOCK_N=block, PER_SM=1)
     else:
-        mod.softmax_fwd_kernel[(cdiv(m, rows),)](x, y, n, n, m, n, BLOCK_N=block, ROWS=rows)
+        mod.softmax_fwd_kernel[(cdiv(m, rows),)](x, y, n, n, m, n, BLOCK_N=block, ROWS=rows,
+                                                 ROW_MAX=alt)
     assert_close(y, ref_softmax(x, cast=round_toward_zero), dtype, factor=1.5, what="y")
+    assert torch.isnan(y[1]).all() and not torch.isnan(y[[0, 2, 3, 4, 5, 6]]).any()
     dy = randn(m, n, dtype=dtype)
     dx = torch.full_like(x, float("nan"))
     if rows is None:
         mod.softmax_bwd_looped_kernel[(2,)](dy, y, dx, n, n, n, m, n, BLOCK_N=block, PER_SM=1)
     else:
         mod.softmax_bwd_kernel[(cdiv(m, rows),)](dy, y, dx, n, n, n, m, n, BLOCK_N=block,
-                                                 ROWS=rows)
+                                                 ROWS=rows, RELOAD=alt)
     ref = ref_softmax_backward(dy, y, cast=round_toward_zero)
     assert_close(dx, ref, dtype, factor=2, what="dx")
 
@@ -79,12 +84,13 @@ def test_interpreter_inf_and_nan_make_the_row_nan():
     x = randn(m, n)
     x[0, 5] = INF
     x[1, 33] = float("nan")
-    for looped in (False, True):
+    for kernel in ("looped", "group shift", "row max"):
         y = torch.zeros_like(x)
-        if looped:
+        if kernel == "looped":
             mod.softmax_fwd_looped_kernel[(1,)](x, y, n, n, m, n, BLOCK_N=16, PER_SM=1)
         else:
-            mod.softmax_fwd_kernel[(m,)](x, y, n, n, m, n, BLOCK_N=64, ROWS=1)
+            mod.softmax_fwd_kernel[(m,)](x, y, n, n, m, n, BLOCK_N=64, ROWS=1,
+                                         ROW_MAX=int(kernel == "row max"))
         assert torch.isnan(y[:2]).all() and not torch.isnan(y[2]).any()
         assert torch.equal(torch.isnan(y), torch.isnan(torch.softmax(x, -1)))
 

@@ -1,6 +1,6 @@
 // CUDA kernels of fk::cross_entropy: AOT-compiled Triton (triton_src/cross_entropy.py).
 //
-// Forward: for a mean, one program sums the denominators on the device; then a persistent
+// Forward: for a mean, a few programs sum the denominators on the device; then a persistent
 // grid (programs per SM from the variant) walks the rows, each read once from DRAM and
 // once more from L2, the gradient written in the logits' dtype. Backward: a persistent
 // scaling kernel that returns at once for a grad_output of 1 in place.
@@ -27,13 +27,18 @@ int64_t sm_count(const at::Tensor& t) { return runtime::device_sm_count(t.device
 at::Tensor cross_entropy_den_cuda(const at::Tensor& target, const at::Tensor& weight, int64_t V,
                                   int64_t ignore_index) {
   constexpr const char* op = "fk::cross_entropy";
-  auto den = at::empty({2}, target.options().dtype(at::kFloat));
+  // The programs add their partial sums atomically into the pair, zeroed first on the same
+  // stream (a CUDA graph captures both).
+  auto den = at::zeros({2}, target.options().dtype(at::kFloat));
   static const auto& fam = runtime::family("cross_entropy_den");
   const auto& k = fam.pick(op, den, 0, 0);
+  const int64_t n = target.numel();
+  const int64_t programs = std::clamp<int64_t>(checks::ceil_div(n, k.block), 1,
+                                               sm_count(target) * k.constexpr_value("PER_SM"));
   KernelArgs args;
-  args.ptr(target).ptr(weight.defined() ? weight : den).ptr(den).i64(target.numel()).i32(V)
+  args.ptr(target).ptr(weight.defined() ? weight : den).ptr(den).i64(n).i32(V)
       .i64(ignore_index).i32(weight.defined() ? 1 : 0);
-  runtime::launch(op, k, target.device(), {1, 1, 1}, args);
+  runtime::launch(op, k, target.device(), {programs, 1, 1}, args);
   return den;
 }
 
