@@ -41,7 +41,7 @@ from pathlib import Path
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PROVIDERS = ("eager", "fk", "liger")
 LOSS_STEPS = 5  # first losses recorded per provider (sanity: the same start everywhere)
-# The issue's targets for fk against eager HF and Liger.
+# Targets for fk against eager HF and Liger.
 TARGET_SPEEDUP = 1.25
 TARGET_MEMORY_REDUCTION = 0.40
 CSV_COLUMNS = ["gpu", "torch", "transformers", "fk", "liger", "model", "dtype", "provider",
@@ -131,6 +131,16 @@ def run_provider(args):
             losses.append(out.loss.item())
         del out
     ms = statistics.median(times[args.warmup:]) * 1e3
+    if args.profile and cuda:  # where one more step's GPU time goes, kernel by kernel
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+        print(f"--- {args.provider}: GPU kernels of one step", file=sys.stderr)
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25,
+                                        max_name_column_width=70), file=sys.stderr)
     return dict(params=params, dtype=str(dtype).replace("torch.", ""), ms=ms,
                 tokens_per_s=args.batch * args.seq / (ms * 1e-3),
                 peak_mb=torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None,
@@ -153,7 +163,8 @@ def spawn(args, provider, batch):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", provider,
            "--device", args.device, "--batch", str(batch), "--seq", str(args.seq),
            "--warmup", str(args.warmup), "--steps", str(args.steps), "--lr", str(args.lr),
-           "--seed", str(args.seed)] + (["--tiny"] if args.tiny else [])
+           "--seed", str(args.seed)] + (["--tiny"] if args.tiny else []) \
+        + (["--profile"] if args.profile else [])
     t0 = time.perf_counter()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t0
@@ -224,7 +235,7 @@ def print_table(res, info, args, batch):
 
 
 def check(res, args, vocab):
-    """Sanity (exit status) and the issue's targets (printed; exit status with --check-targets)."""
+    """Sanity (exit status) and the targets (printed; exit status with --check-targets)."""
     ok, lines = True, []
     ln_v = math.log(vocab)
     for name, r in res.items():
@@ -318,6 +329,8 @@ def main():
     ap.add_argument("--check-targets", action="store_true",
                     help="exit non-zero when a target is missed (by default only failed runs "
                          "or insane losses do)")
+    ap.add_argument("--profile", action="store_true",
+                    help="after timing, print each provider's GPU kernels of one step")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.batch is None:
