@@ -119,7 +119,8 @@ class Bench:
         copy_bw = self.ctx.args.copy_bw or H.H200_COPY_BW
         self.rows.append(dict(self.info, op="swiglu_linear", model=self.ctx.model.name,
                               dtype=self.ctx.args.dtype, mode=section, tokens=tokens,
-                              provider=name, ms=ms, peak_mb=mb, bytes=nbytes, copy_bw=copy_bw,
+                              provider=name, timer="events", ms=ms, peak_mb=mb, bytes=nbytes,
+                              copy_bw=copy_bw,
                               fraction_of_copy_bw=nbytes / (ms * 1e-3) / copy_bw,
                               flops=flops, tflops=flops / (ms * 1e-3) / 1e12 if flops else 0.0))
         return ms
