@@ -5,8 +5,8 @@ triton_src/rms_norm.py as data.
 
     python benchmarks/tune_rms_norm.py [--rows 8192] [--hidden 4096] [--wide 12288,16384]
 
---wide: rows wider than rms_norm.BWD_MAX_BLOCK, where the library takes the looped backward;
-times it against the single-pass backward at the same width (which spills there).
+--wide: the single-pass backward (the library's up to 16384 columns, where it spills some
+registers) against the looped one at the same widths.
 """
 import argparse
 import os
@@ -141,9 +141,9 @@ def main():
 
 
 def wide_backward(m, sms, widths):
-    """Backward kernels at widths past BWD_MAX_BLOCK (bf16, weight, llama casting), on the
-    library's grid of 2 programs per multiprocessor: looped (what the library runs) against
-    the single-pass kernel at 16 warps."""
+    """Backward kernels at wide rows (bf16, weight, llama casting), on the library's grid of
+    2 programs per multiprocessor: the looped kernel against the single-pass one at 16
+    warps."""
     programs = min(m, 2 * sms)
     rpp = triton.cdiv(m, programs)
     programs = triton.cdiv(m, rpp)
@@ -155,7 +155,7 @@ def wide_backward(m, sms, widths):
         dwp = torch.empty(programs, n, device="cuda", dtype=torch.float32)
         gbs = 3 * m * n * x.element_size() + 4 * m
         for name, kernel, block, warps in (
-                ("looped (library)", K.rms_norm_bwd_looped_kernel, K.LOOP_BLOCK, 8),
+                ("looped", K.rms_norm_bwd_looped_kernel, K.LOOP_BLOCK, 8),
                 ("single pass", K.rms_norm_bwd_kernel, triton.next_power_of_2(n), 16)):
             ms = bench(lambda: kernel[(programs,)](
                 dy, x, w, rstd, dx, dwp, n, n, n, m, n, 0.0, rpp, 1, 1, BLOCK_N=block,

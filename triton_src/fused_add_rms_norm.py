@@ -31,7 +31,6 @@ import triton.language as tl
 
 from _common import (DTYPES, FLAG_ALIGNED, Variant, aligned_args, rms_norm_bwd_looped_rows,
                      rms_normalize, rms_weight)
-from rms_norm import check_bwd_buckets
 
 
 @triton.jit
@@ -160,7 +159,7 @@ _FWD_BUCKETS = ((256, 8, 4), (1024, 2, 4), (2048, 1, 8), (4096, 1, 8), (8192, 1,
 # the sizes below (on sm_80 to sm_120 alike). The unaligned variants load element by element
 # with far more registers and never prefetch; at 8192 they spill about 200 bytes per thread.
 # Past 8192 columns a row and its prefetch do not fit in registers: the looped kernel takes
-# those rows (rms_norm.BWD_MAX_BLOCK, the rule both ops share).
+# those rows.
 _BWD_ALIGNED = {
     "bf16": ((256, 4, 1), (1024, 4, 1), (2048, 8, 1), (4096, 8, 1), (8192, 16, 1)),
     "fp16": ((256, 4, 1), (1024, 4, 1), (2048, 8, 1), (4096, 8, 0), (8192, 16, 1)),
@@ -185,7 +184,6 @@ def _signature(args, dt, constexprs):
 
 
 def variants(arch: int) -> list:
-    check_bwd_buckets(b[0] for table in (*_BWD_ALIGNED.values(), _BWD_UNALIGNED) for b in table)
     out = []
     for dt in DTYPES:
         for flags in (0, FLAG_ALIGNED):

