@@ -1,0 +1,74 @@
+"""Host time of one call, fwd and fwd+bwd, for fk ops and torch's, at a shape small enough
+that the GPU waits on the host: what a call costs in Python, dispatcher, autograd and launch.
+
+    python benchmarks/probes/host_overhead.py [--rows 64] [--hidden 4096] [--profile]
+"""
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+import fk
+
+
+def per_call_us(fn, iters=300):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    t1 = time.perf_counter()  # host time only: the GPU is far behind for tiny shapes
+    torch.cuda.synchronize()
+    return (t1 - t0) / iters * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args()
+    dev, dt, n = "cuda", torch.bfloat16, a.hidden
+    x = torch.randn(a.rows, n, device=dev, dtype=dt, requires_grad=True)
+    w = torch.randn(n, device=dev, dtype=dt, requires_grad=True)
+    b = torch.randn(n, device=dev, dtype=dt, requires_grad=True)
+    dy = torch.randn(a.rows, n, device=dev, dtype=dt)
+    cases = {
+        "torch layer_norm": lambda: F.layer_norm(x, (n,), w, b, 1e-5),
+        "fk.layer_norm": lambda: fk.layer_norm(x, w, b, 1e-5),
+        "torch.ops.fk.layer_norm": lambda: torch.ops.fk.layer_norm(x, w, b, 1e-5),
+        "torch rms_norm": lambda: F.rms_norm(x, (n,), w, 1e-5),
+        "fk.rms_norm": lambda: fk.rms_norm(x, w, 1e-5),
+        "torch add (1 kernel)": lambda: x + w,
+    }
+    print(f"host us per call, {a.rows} x {n} bf16 (GPU idle-bound shapes)")
+    print(f"{'case':28s} {'fwd no grad':>12s} {'fwd':>8s} {'fwd+bwd':>8s}")
+    for name, f in cases.items():
+        with torch.no_grad():
+            t_ng = per_call_us(f)
+        t_f = per_call_us(f)
+
+        def full():
+            f().backward(dy)
+            x.grad = w.grad = b.grad = None
+        t_fb = per_call_us(full)
+        print(f"{name:28s} {t_ng:12.1f} {t_f:8.1f} {t_fb:8.1f}")
+    with torch.no_grad():
+        m, r = torch.empty(a.rows, device=dev), torch.empty(a.rows, device=dev)
+        print(f"{'_layer_norm_forward direct':28s} "
+              f"{per_call_us(lambda: torch.ops.fk._layer_norm_forward(x, w, b, 1e-5)):12.1f}")
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+        f = cases["fk.layer_norm"]
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(50):
+                f().backward(dy)
+                x.grad = w.grad = b.grad = None
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25,
+                                        max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main()
