@@ -286,3 +286,21 @@ def test_generate_matches_unpatched(model_type, device):
         got = model.generate(ids, **kw)
     assert ops.count["rope"] > 0
     assert torch.equal(got, ref.generate(ids, **kw))
+
+
+def test_torch_compile_of_a_patched_model():
+    """torch.compile wraps the model's forward: the patched forwards must be plain functions
+    it can trace (fk's ops have Meta kernels)."""
+    torch._dynamo.reset()
+    model, ref = _pair("qwen3")
+    ids, labels = _batch()
+    model.train(), ref.train()
+    compiled = torch.compile(model)
+    out = compiled(input_ids=ids, labels=labels)
+    out.loss.backward()
+    want = ref(input_ids=ids, labels=labels)
+    want.loss.backward()
+    assert out.logits is None
+    torch.testing.assert_close(out.loss, want.loss)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-4, msg=name)

@@ -6,7 +6,6 @@ parameters and buffers are never touched, so other models of the same class are 
 and the state dict stays the same.
 """
 import collections
-import functools
 import importlib
 from types import MethodType
 
@@ -31,7 +30,16 @@ def _set(module, kind, **attrs):
 
 
 def _bind(module, f, **kw):
-    return MethodType(functools.partial(f, **kw) if kw else f, module)
+    """``f`` bound to ``module`` with keyword arguments ``kw``, as a plain Python function
+    (torch.compile needs a forward with a code object; a functools.partial has none)."""
+    if not kw:
+        return MethodType(f, module)
+
+    def bound(self, *args, **kwargs):
+        return f(self, *args, **kwargs, **kw)
+
+    bound.__name__, bound.__qualname__, bound.__doc__ = f.__name__, f.__qualname__, f.__doc__
+    return MethodType(bound, module)
 
 
 def unsupported_message(model_type):
