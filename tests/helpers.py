@@ -250,7 +250,7 @@ def tiny_hf_model(model_type, dtype=torch.float32, seed=0, **overrides):
     # Norm weights start at 1 (Gemma's at 0): perturb them so that their gradients and the
     # per-element scaling are exercised.
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     return model

@@ -4,6 +4,7 @@ Each is written once for every model that has that kind of module; per-model dif
 in as arguments from the table (``_table.py``). ``_patch.py`` binds them to instances.
 """
 import functools
+import inspect
 import types
 
 import torch
@@ -169,7 +170,6 @@ def causal_lm_forward(self, *args, spec, modeling, **kwargs):
 
 @functools.lru_cache(maxsize=None)
 def _parameters(f):
-    import inspect
     return tuple(inspect.signature(f).parameters)
 
 

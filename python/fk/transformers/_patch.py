@@ -14,7 +14,8 @@ import torch
 from . import _forwards as fw
 from ._table import MODELS
 
-_SAVED = "_fk_saved"  # per patched module: {"kind": str, "attrs": {name: (present, value)}}
+# Per patched module: {"kinds": [kind, ...], "attrs": {name: (present, value)}}.
+_SAVED = "_fk_saved"
 
 KINDS = ("rms_norm", "rope", "swiglu", "geglu", "cross_entropy", "fused_linear_cross_entropy",
          "layer_norm")
@@ -22,7 +23,8 @@ KINDS = ("rms_norm", "rope", "swiglu", "geglu", "cross_entropy", "fused_linear_c
 
 def _set(module, kind, **attrs):
     d = module.__dict__
-    saved = d.setdefault(_SAVED, {"kind": kind, "attrs": {}})
+    saved = d.setdefault(_SAVED, {"kinds": [], "attrs": {}})
+    saved["kinds"].append(kind)
     for name, value in attrs.items():
         if name not in saved["attrs"]:
             saved["attrs"][name] = (name in d, d.get(name))
@@ -42,17 +44,13 @@ def _bind(module, f, **kw):
     return MethodType(bound, module)
 
 
-def unsupported_message(model_type):
-    return (f"fk.transformers.apply_fk: model type {model_type!r} is not supported; supported "
-            f"model types: {', '.join(sorted(MODELS))}")
-
-
 def apply(model, flags):
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     spec = MODELS.get(model_type)
     if spec is None:
-        raise ValueError(unsupported_message(model_type))
+        raise ValueError(f"fk.transformers.apply_fk: model type {model_type!r} is not "
+                         f"supported; supported model types: {', '.join(sorted(MODELS))}")
     modeling = importlib.import_module(f"transformers.models.{spec.module}.modeling_{spec.module}")
 
     def classes(names):
@@ -83,7 +81,7 @@ def apply(model, flags):
                      forward=_bind(m, fw.experts_forward))
         elif t in attentions:
             if flags["rope"]:
-                _set(m, "rope", forward=MethodType(fw.rope_forward(t), m))
+                _set(m, "rope", forward=_bind(m, fw.rope_forward(t)))
         elif t is causal_lm:
             if flags["fused_linear_cross_entropy"]:
                 _set(m, "fused_linear_cross_entropy",
@@ -113,10 +111,5 @@ def patched(model):
     """{kind: number of modules} that fk currently replaces in ``model``."""
     counts = collections.Counter()
     for m in model.modules():
-        saved = m.__dict__.get(_SAVED)
-        if saved is not None:
-            kinds = [saved["kind"]]
-            if "_loss_function" in saved["attrs"] and saved["kind"] != "cross_entropy":
-                kinds.append("cross_entropy")
-            counts.update(kinds)
+        counts.update(m.__dict__.get(_SAVED, {}).get("kinds", ()))
     return dict(counts)
