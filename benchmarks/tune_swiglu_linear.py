@@ -1,8 +1,9 @@
 """Sweep the forward tile configs of swiglu_linear and the block of its gate-gradient kernel
 with Triton's JIT (tuning only; the library uses the AOT variants in
 triton_src/swiglu_linear.py). At one shape (default: Llama-3-8B's MLP at 8192 tokens, bf16)
-it times the forward in both styles (pointer loads, TMA descriptors) over the configs still
-in question after the first H200 sweep (benchmarks/results/h200_tune_swiglu_linear.log),
+it times the forward in each style (pointer loads; TMA descriptors, one tile per program or
+persistent, one program per SM) over the configs still in question after the H200 sweeps
+(benchmarks/results/h200_tune_swiglu_linear.log),
 checks each result against torch, and prints TFLOP/s next to cuBLAS (torch.matmul) on the
 stacked weights; then the best config per style in each store mode (training: z, s, t;
 no grad: z; recompute: s, t) and the gate-gradient kernel's bandwidth per block size.
@@ -39,6 +40,8 @@ CANDIDATES = {
             (128, 128, 32, 16, 8, 5)],
     "tma": [(128, 128, 64, 8, 8, 3), (128, 128, 64, 16, 8, 3), (128, 128, 64, 8, 8, 4),
             (128, 128, 32, 8, 8, 5)],
+    "persistent": [(128, 128, 64, 32, 8, 3), (128, 128, 64, 64, 8, 3), (128, 128, 64, 16, 8, 3),
+                   (128, 128, 64, 8, 8, 3), (128, 128, 64, 128, 8, 3), (128, 128, 64, 32, 8, 4)],
 }
 # gate-gradient kernel: (BLOCK, warps)
 GATE_CANDIDATES = [(1024, 4), (2048, 8), (4096, 8)]
@@ -47,6 +50,7 @@ GATE_CANDIDATES = [(1024, 4), (2048, 8), (4096, 8)]
 # --- harness ----------------------------------------------------------------------------
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+SMS = 1  # multiprocessors of the GPU, set in main()
 
 
 def bench(fn):
@@ -111,10 +115,15 @@ class Problem:
         """The forward kernel fn launched on this problem with tile config cfg."""
         bm, bn, bk, group, warps, stages = cfg
         m, n, k = self.m, self.n, self.k
-        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+        tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+        # The persistent kernel: one program per SM (3 under the interpreter, so each
+        # program walks several tiles), as the C++ launcher runs it.
+        per_sm = int(fn is K.swiglu_linear_fwd_persistent_kernel)
+        grid = (min(tiles, 3 if INTERPRET else SMS) if per_sm else tiles,)
         return lambda: fn[grid](self.x, self.wg, self.wu, self.z, self.s, self.t, m, n, k,
                                 store[0], store[1], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                GROUP_M=group, num_warps=warps, num_stages=stages)
+                                GROUP_M=group, PER_SM=per_sm, num_warps=warps,
+                                num_stages=stages)
 
     def error(self):
         return max(rel(self.z, self.z_ref), rel(self.s, self.s_ref), rel(self.t, self.t_ref))
@@ -146,7 +155,7 @@ def sweep(p, styles, quick, ref_ms):
     for style in styles:
         fn = getattr(K, K.kernel_name(style, K.FLAG_ALIGNED))
         for cfg in CANDIDATES[style][:2] if quick else CANDIDATES[style]:
-            label = (f"fwd {style:3s} BM={cfg[0]:3d} BN={cfg[1]:3d} BK={cfg[2]:3d} "
+            label = (f"fwd {style:10s} BM={cfg[0]:3d} BN={cfg[1]:3d} BK={cfg[2]:3d} "
                      f"G={cfg[3]:2d} warps={cfg[4]} stages={cfg[5]}")
             tf = measure(p, label, p.launcher(fn, cfg), ref_ms)
             if tf and tf > best.get(style, (0.0, None))[0]:
@@ -197,7 +206,8 @@ def main():
     ap.add_argument("--inter", type=int, default=14336, help="N: gate / up width")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--quick", action="store_true", help="two configs per style")
-    ap.add_argument("--styles", default="ptr,tma", help="which kernel styles to sweep")
+    ap.add_argument("--styles", default="ptr,tma,persistent",
+                    help="which kernel styles to sweep")
     ap.add_argument("--interpret", action="store_true",
                     help="smoke test on the CPU under Triton's interpreter, tiny shape")
     args = ap.parse_args()
@@ -208,7 +218,8 @@ def main():
             CANDIDATES[style] = [(32, 32, 32, 2, 4, 2)] * 2
     else:
         device = "cuda"
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        global SMS
+        sms = SMS = torch.cuda.get_device_properties(0).multi_processor_count
         name = f"{torch.cuda.get_device_name(0)} ({sms} SMs)"
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
                                                                       device=device))

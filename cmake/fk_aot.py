@@ -173,6 +173,8 @@ def main() -> int:
         decls.append(f'extern "C" const unsigned char {sym}[];\n'
                      f'extern "C" const unsigned char {sym}_end[];')
         rec = j["record"]
+        if len(rec["constexprs"]) > 6:  # csrc/runtime/kernel_table.h: KernelConstexpr[6]
+            raise SystemExit(f"{j['variant']}: more than 6 constexprs")
         cx = ", ".join(f"{{{_cpp_str(k)}, {int(v)}}}" for k, v in rec["constexprs"].items())
         rows.append(
             f"  {{{_cpp_str(rec['family'])}, {_cpp_str(rec['dtype'])}, {rec['block']}, "

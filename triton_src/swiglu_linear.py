@@ -92,7 +92,8 @@ def _fwd_epilogue(acc_g, acc_u, z_ptr, s_ptr, t_ptr, row0, col0, M, N, store_z, 
 @triton.jit
 def swiglu_linear_fwd_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K, store_z,
                              store_saved, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                             PER_SM: tl.constexpr):
     dtype = x_ptr.dtype.element_ty
     pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     row0 = pid_m * BLOCK_M
@@ -159,9 +160,37 @@ def _fwd_tma(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K, store_z, store
 @triton.jit
 def swiglu_linear_fwd_tma_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K, store_z,
                                  store_saved, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                                 PER_SM: tl.constexpr):
     _fwd_tma(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K, store_z, store_saved,
              BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+
+
+@triton.jit
+def swiglu_linear_fwd_persistent_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K,
+                                        store_z, store_saved, BLOCK_M: tl.constexpr,
+                                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                        GROUP_M: tl.constexpr, PER_SM: tl.constexpr):
+    """The TMA forward as a persistent kernel: P = PER_SM x SMs programs (at most one per
+    tile) walk the tiles pid, pid + P, ... in the grouped order, so each program sets up
+    its descriptors once and the tiles running together share operand panels in L2."""
+    dtype = x_ptr.dtype.element_ty
+    x_desc = tl.make_tensor_descriptor(x_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
+    wg_desc = tl.make_tensor_descriptor(wg_ptr, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
+    wu_desc = tl.make_tensor_descriptor(wu_ptr, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
+        pid_m, pid_n = _grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        row0 = pid_m * BLOCK_M
+        col0 = pid_n * BLOCK_N
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            xt = x_desc.load([row0, k * BLOCK_K])
+            acc_g = _dot(xt, wg_desc.load([col0, k * BLOCK_K]).T, acc_g)
+            acc_u = _dot(xt, wu_desc.load([col0, k * BLOCK_K]).T, acc_u)
+        _fwd_epilogue(acc_g, acc_u, z_ptr, s_ptr, t_ptr, row0, col0, M, N, store_z,
+                      store_saved, dtype, BLOCK_M, BLOCK_N)
 
 
 # --- backward: the gate gradients ------------------------------------------------------
@@ -194,23 +223,27 @@ def swiglu_linear_gate_grads_kernel(dz_ptr, t_ptr, s_ptr, da_ptr, db_ptr, n,
 #   (style, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages)
 # style "ptr": pointer loads pipelined by num_stages (cp.async) for every variant; "tma":
 # the aligned variant uses the TMA kernel, the unaligned one the pointer kernel with the
-# same tiles.
+# same tiles; "persistent": the aligned variant uses the persistent TMA kernel (one
+# program per SM), the unaligned one the pointer kernel.
 #
 # sm_90 (H200: 227 KB shared memory and 64K registers per SM). 16-bit: 8 warps (two
 # warpgroups) own a 128 x 128 tile of each of the two fp32 accumulators (128 registers a
 # thread), one program per SM. Each pipeline stage loads x 128x64 + Wg, Wu 2x 64x128
-# (48 KB; 3 stages 144 KB) and feeds 4 MFLOP of tensor-core work. H200 sweep at Llama-3-8B
-# (8192 x 4096 -> 14336, bf16, writing z, s, t): TMA 618 TFLOP/s (86 % of cuBLAS), the best
-# pointer config (BLOCK_K 32, 5 stages) 606, the pointer kernel at these tiles 576 (the
-# unaligned fallback). float32 (three TF32 products per step) halves the tiles. Every
-# config here compiles without register spills (ptxas -v) on its arch.
+# (48 KB; 3 stages 144 KB) and feeds 4 MFLOP of tensor-core work. H200 sweeps at Llama-3-8B
+# (8192 x 4096 -> 14336, bf16, writing z, s, t): one tile per program, TMA 618 TFLOP/s (86 %
+# of cuBLAS), the best pointer config (BLOCK_K 32, 5 stages) 606, the pointer kernel at
+# these tiles 576 (the unaligned fallback); the persistent TMA kernel at these tiles
+# 647-677 with GROUP_M 32 (93-98 % of cuBLAS in two runs; GROUP_M 8 and 16 within noise of
+# it, 64 slower; benchmarks/NOTES.md v6). float32 (three TF32 products per step)
+# halves the tiles. Every config here compiles without register spills (ptxas -v) on its
+# arch.
 # sm_80 / sm_120 (mma.sync: operands and accumulators in registers; 163 / 99 KB of shared
 # memory): the 16-bit sm_90 tiles spill there, so each accumulator is 128 x 64 (16-bit)
 # and smaller for float32, all under 64 KB of shared memory. sm_100 / sm_103 (tcgen05,
 # accumulators in tensor memory): the sm_90 tiles, pointer style until TMA has been
 # measured and tested on those GPUs.
-_SM90 = {2: ("tma", 128, 128, 64, 8, 8, 3), 4: ("ptr", 128, 64, 32, 8, 8, 3)}
-_SM100 = {2: ("ptr",) + _SM90[2][1:], 4: _SM90[4]}
+_SM90 = {2: ("persistent", 128, 128, 64, 32, 8, 3), 4: ("ptr", 128, 64, 32, 8, 8, 3)}
+_SM100 = {2: ("ptr", 128, 128, 64, 8, 8, 3), 4: _SM90[4]}
 _SM80 = {2: ("ptr", 128, 64, 64, 8, 8, 3), 4: ("ptr", 128, 32, 32, 8, 8, 3)}
 _CONFIGS = {80: _SM80, 90: _SM90, 100: _SM100, 103: _SM100, 120: _SM80}
 _ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -233,14 +266,15 @@ def configs(arch: int) -> dict:
 
 def fwd_signature(dt: str) -> dict:
     sig = {a: _INT_ARGS.get(a, f"*{dt}") for a in FWD_ARGS}
-    sig.update({c: "constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")})
+    sig.update({c: "constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PER_SM")})
     return sig
 
 
 def kernel_name(style: str, flags: int) -> str:
     """The forward kernel a variant uses: TMA only where the aligned flag holds."""
-    tma = style == "tma" and flags & FLAG_ALIGNED
-    return f"swiglu_linear_fwd{'_tma' if tma else ''}_kernel"
+    if not flags & FLAG_ALIGNED or style == "ptr":
+        return "swiglu_linear_fwd_kernel"
+    return f"swiglu_linear_fwd_{'tma' if style == 'tma' else 'persistent'}_kernel"
 
 
 def variants(arch: int) -> list:
@@ -251,10 +285,13 @@ def variants(arch: int) -> list:
         gate_sig = {"dz_ptr": f"*{dt}", "t_ptr": f"*{dt}", "s_ptr": f"*{dt}",
                     "da_ptr": f"*{dt}", "db_ptr": f"*{dt}", "n": "i64", "BLOCK": "constexpr"}
         for flags in (0, FLAG_ALIGNED):
-            out.append(Variant(family="swiglu_linear_fwd", kernel=kernel_name(style, flags),
+            kernel = kernel_name(style, flags)
+            # PER_SM: programs per SM of a persistent kernel, 0 for one program per tile.
+            per_sm = int(kernel == "swiglu_linear_fwd_persistent_kernel")
+            out.append(Variant(family="swiglu_linear_fwd", kernel=kernel,
                                dtype=dt, block=bm, signature=fwd_sig,
                                constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                                           "GROUP_M": group},
+                                           "GROUP_M": group, "PER_SM": per_sm},
                                num_warps=warps, num_stages=stages, flags=flags,
                                divisible_by_16=aligned_args(fwd_sig, flags, ("N", "K"))))
             out.append(Variant(family="swiglu_linear_gate_grads",

@@ -28,7 +28,7 @@ struct KernelSpec {
   bool launch_pdl;
   bool cooperative;
   int num_params;  // explicit kernel parameters (the two scratch pointers come after)
-  KernelConstexpr constexprs[4];
+  KernelConstexpr constexprs[6];  // up to 6 (cmake/fk_aot.py checks)
   const unsigned char* image_begin;
   const unsigned char* image_end;
 

@@ -81,6 +81,10 @@ INTERP_CASES = [(style, dtype, shape) for dtype in DTYPES
 # The TMA kernel (16-bit dtypes; descriptors want N, K multiples of 16 bytes / 8 elements)
 INTERP_CASES += [("tma", torch.bfloat16, (37, 48, 80, (16, 16, 32))),
                  ("tma", torch.float16, (5, 16, 32, (16, 32, 16)))]
+# The persistent TMA kernel: 3 programs over 9 and 2 tiles (several tiles per program, and
+# more programs than tiles).
+INTERP_CASES += [("persistent", torch.bfloat16, (37, 48, 80, (16, 16, 32))),
+                 ("persistent", torch.float16, (5, 16, 32, (16, 32, 16)))]
 
 
 @pytest.mark.parametrize("style,dtype,shape", INTERP_CASES,
@@ -92,8 +96,9 @@ def test_interpreter_forward(style, dtype, shape):
     kernel = getattr(mod, mod.kernel_name(style, mod.FLAG_ALIGNED))
     x, wg, wu = _inputs(m, n, k, dtype)
     zr, sr, tr = ref_forward(x, wg, wu, cast=round_toward_zero)
-    cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2)
-    grid = (cdiv(m, bm) * cdiv(n, bn),)
+    per_sm = int(style == "persistent")
+    cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2, PER_SM=per_sm)
+    grid = (3 if per_sm else cdiv(m, bm) * cdiv(n, bn),)
     z, s, t = (torch.full((m, n), float("nan"), dtype=dtype) for _ in range(3))
     # z only, then s and t only (the backward's recompute)
     kernel[grid](x, wg, wu, z, s, t, m, n, k, 1, 0, **cx)
@@ -129,9 +134,13 @@ def test_variants_cover_every_dtype_and_flag():
             assert hasattr(mod, v.kernel)
             assert (v.flags == 0) == (v.divisible_by_16 == ())
             # TMA kernels need the aligned flag (16-byte aligned bases and row strides).
-            assert "_tma" not in v.kernel or v.flags == mod.FLAG_ALIGNED
+            tma = "_tma" in v.kernel or "_persistent" in v.kernel
+            assert not tma or v.flags == mod.FLAG_ALIGNED
             if v.family == "swiglu_linear_fwd":
-                assert set(v.constexprs) == {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"}
+                assert set(v.constexprs) == {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M",
+                                             "PER_SM"}
+                # The C++ launcher runs a persistent grid exactly where PER_SM > 0.
+                assert (v.constexprs["PER_SM"] > 0) == ("_persistent" in v.kernel)
             # No warp-specialized kernel ships (NaN at several configs on the H200).
             assert "_ws" not in v.kernel
 

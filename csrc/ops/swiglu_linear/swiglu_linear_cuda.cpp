@@ -8,6 +8,8 @@
 #include <c10/util/accumulate.h>
 #include <torch/library.h>
 
+#include <algorithm>
+
 #include "ops/glu/glu_cuda.h"
 #include "ops/swiglu_linear/swiglu_linear.h"
 #include "runtime/checks.h"
@@ -62,7 +64,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_forward_cuda(
   KernelArgs args;
   args.ptr(x2).ptr(wg).ptr(wu).ptr(z).ptr(s).ptr(t).i32(m).i32(n).i32(k)
       .i32(output_mask[0] ? 1 : 0).i32(output_mask[1] ? 1 : 0);
-  runtime::launch(op, kern, x.device(), {tiles(kern, "BLOCK_M", m, "BLOCK_N", n), 1, 1}, args);
+  // One program per tile, or a persistent grid of PER_SM programs per SM (at most one per
+  // tile) walking the tiles.
+  int64_t programs = tiles(kern, "BLOCK_M", m, "BLOCK_N", n);
+  if (const int64_t per_sm = kern.constexpr_value("PER_SM"); per_sm > 0) {
+    programs = std::min(programs, per_sm * runtime::device_sm_count(x.device().index()));
+  }
+  runtime::launch(op, kern, x.device(), {programs, 1, 1}, args);
   return {z, s, t};
 }
 
