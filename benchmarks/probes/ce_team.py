@@ -50,7 +50,9 @@ def cross_entropy_team_kernel(x_ptr, grad_ptr, target_ptr, den_ptr, loss_ptr, z_
 
     A member waits for its team at most spin_limit polls; past that (a team not resident at
     once, or the interpreter, which runs programs one after another) it recomputes every
-    block's pair from memory with the same code instead of waiting for ever."""
+    block's pair from memory with the same code instead of waiting for ever. (In place,
+    that fallback can read blocks a peer has already overwritten with its gradient; a
+    library version would need a different escape.)"""
     gdtype = grad_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     team = tl.cdiv(V, BLOCK)
