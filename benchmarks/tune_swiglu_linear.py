@@ -111,14 +111,17 @@ class Problem:
         del a, b, sig, x, wg, wu
         self.z, self.s, self.t = (torch.empty_like(self.z_ref) for _ in range(3))
 
-    def launcher(self, fn, cfg, store=(1, 1)):
-        """The forward kernel fn launched on this problem with tile config cfg."""
+    def launcher(self, style, cfg, store=(1, 1)):
+        """The aligned forward kernel of `style` launched on this problem with tile config
+        cfg, on the grid the C++ launcher gives it."""
         bm, bn, bk, group, warps, stages = cfg
         m, n, k = self.m, self.n, self.k
+        name = K.kernel_name(style, K.FLAG_ALIGNED)
+        fn = getattr(K, name)
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-        # The persistent kernel: one program per SM (3 under the interpreter, so each
-        # program walks several tiles), as the C++ launcher runs it.
-        per_sm = int(fn is K.swiglu_linear_fwd_persistent_kernel)
+        # A persistent grid: one program per SM (3 under the interpreter, so each program
+        # walks several tiles).
+        per_sm = K.programs_per_sm(style, name)
         grid = (min(tiles, 3 if INTERPRET else SMS) if per_sm else tiles,)
         return lambda: fn[grid](self.x, self.wg, self.wu, self.z, self.s, self.t, m, n, k,
                                 store[0], store[1], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
@@ -153,11 +156,10 @@ def sweep(p, styles, quick, ref_ms):
     """{style: (TFLOP/s, cfg)} of the best correct config per style."""
     best = {}
     for style in styles:
-        fn = getattr(K, K.kernel_name(style, K.FLAG_ALIGNED))
         for cfg in CANDIDATES[style][:2] if quick else CANDIDATES[style]:
             label = (f"fwd {style:10s} BM={cfg[0]:3d} BN={cfg[1]:3d} BK={cfg[2]:3d} "
                      f"G={cfg[3]:2d} warps={cfg[4]} stages={cfg[5]}")
-            tf = measure(p, label, p.launcher(fn, cfg), ref_ms)
+            tf = measure(p, label, p.launcher(style, cfg), ref_ms)
             if tf and tf > best.get(style, (0.0, None))[0]:
                 best[style] = (tf, cfg)
     return best
@@ -170,8 +172,7 @@ def store_modes(p, best, ref_ms):
                         ((0, 1), "s, t (recompute)")):
         for rep in range(1 if INTERPRET else 3):
             for style, (_, cfg) in best.items():
-                fn = getattr(K, K.kernel_name(style, K.FLAG_ALIGNED))
-                ms = bench(p.launcher(fn, cfg, store))
+                ms = bench(p.launcher(style, cfg, store))
                 print(f"fwd {style:3s} {cfg} writing {name} #{rep}: {ms:.3f} ms "
                       f"{tflops(p.flops, ms):6.1f} TFLOP/s {100 * ref_ms / ms:5.1f} % of cuBLAS")
 

@@ -137,43 +137,14 @@ def swiglu_linear_fwd_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K
 
 
 @triton.jit
-def _fwd_tma(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K, store_z, store_saved,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-             GROUP_M: tl.constexpr):
-    dtype = x_ptr.dtype.element_ty
-    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    row0 = pid_m * BLOCK_M
-    col0 = pid_n * BLOCK_N
-    x_desc = tl.make_tensor_descriptor(x_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
-    wg_desc = tl.make_tensor_descriptor(wg_ptr, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
-    wu_desc = tl.make_tensor_descriptor(wu_ptr, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        xt = x_desc.load([row0, k * BLOCK_K])
-        acc_g = _dot(xt, wg_desc.load([col0, k * BLOCK_K]).T, acc_g)
-        acc_u = _dot(xt, wu_desc.load([col0, k * BLOCK_K]).T, acc_u)
-    _fwd_epilogue(acc_g, acc_u, z_ptr, s_ptr, t_ptr, row0, col0, M, N, store_z, store_saved,
-                  dtype, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
 def swiglu_linear_fwd_tma_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K, store_z,
                                  store_saved, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                                  PER_SM: tl.constexpr):
-    _fwd_tma(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K, store_z, store_saved,
-             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
-
-
-@triton.jit
-def swiglu_linear_fwd_persistent_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K,
-                                        store_z, store_saved, BLOCK_M: tl.constexpr,
-                                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                        GROUP_M: tl.constexpr, PER_SM: tl.constexpr):
-    """The TMA forward as a persistent kernel: P = PER_SM x SMs programs (at most one per
-    tile) walk the tiles pid, pid + P, ... in the grouped order, so each program sets up
-    its descriptors once and the tiles running together share operand panels in L2."""
+    """P programs walk the tiles pid, pid + P, ... in the grouped order. The launcher starts
+    one program per tile (PER_SM 0: one step each) or PER_SM per SM (a persistent grid:
+    each program builds its descriptors once, and the tiles running together share operand
+    panels in L2)."""
     dtype = x_ptr.dtype.element_ty
     x_desc = tl.make_tensor_descriptor(x_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
     wg_desc = tl.make_tensor_descriptor(wg_ptr, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
@@ -222,9 +193,9 @@ def swiglu_linear_gate_grads_kernel(dz_ptr, t_ptr, s_ptr, da_ptr, db_ptr, n,
 # Forward tile configs per arch and element size:
 #   (style, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages)
 # style "ptr": pointer loads pipelined by num_stages (cp.async) for every variant; "tma":
-# the aligned variant uses the TMA kernel, the unaligned one the pointer kernel with the
-# same tiles; "persistent": the aligned variant uses the persistent TMA kernel (one
-# program per SM), the unaligned one the pointer kernel.
+# the aligned variant uses the TMA kernel with one program per tile, the unaligned one the
+# pointer kernel with the same tiles; "persistent": the same, with the TMA kernel on a
+# persistent grid (PER_SM 1: one program per SM).
 #
 # sm_90 (H200: 227 KB shared memory and 64K registers per SM). 16-bit: 8 warps (two
 # warpgroups) own a 128 x 128 tile of each of the two fp32 accumulators (128 registers a
@@ -272,9 +243,14 @@ def fwd_signature(dt: str) -> dict:
 
 def kernel_name(style: str, flags: int) -> str:
     """The forward kernel a variant uses: TMA only where the aligned flag holds."""
-    if not flags & FLAG_ALIGNED or style == "ptr":
-        return "swiglu_linear_fwd_kernel"
-    return f"swiglu_linear_fwd_{'tma' if style == 'tma' else 'persistent'}_kernel"
+    tma = style != "ptr" and flags & FLAG_ALIGNED
+    return f"swiglu_linear_fwd{'_tma' if tma else ''}_kernel"
+
+
+def programs_per_sm(style: str, kernel: str) -> int:
+    """PER_SM of a variant: 1 (a persistent grid) for the TMA kernel in the persistent
+    style, else 0 (one program per tile; the pointer kernel handles one tile only)."""
+    return int(style == "persistent" and kernel == "swiglu_linear_fwd_tma_kernel")
 
 
 def variants(arch: int) -> list:
@@ -286,8 +262,7 @@ def variants(arch: int) -> list:
                     "da_ptr": f"*{dt}", "db_ptr": f"*{dt}", "n": "i64", "BLOCK": "constexpr"}
         for flags in (0, FLAG_ALIGNED):
             kernel = kernel_name(style, flags)
-            # PER_SM: programs per SM of a persistent kernel, 0 for one program per tile.
-            per_sm = int(kernel == "swiglu_linear_fwd_persistent_kernel")
+            per_sm = programs_per_sm(style, kernel)
             out.append(Variant(family="swiglu_linear_fwd", kernel=kernel,
                                dtype=dt, block=bm, signature=fwd_sig,
                                constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,

@@ -93,10 +93,12 @@ INTERP_CASES += [("persistent", torch.bfloat16, (37, 48, 80, (16, 16, 32))),
 def test_interpreter_forward(style, dtype, shape):
     mod = load_triton_src("swiglu_linear")
     m, n, k, (bm, bn, bk) = shape
-    kernel = getattr(mod, mod.kernel_name(style, mod.FLAG_ALIGNED))
+    name = mod.kernel_name(style, mod.FLAG_ALIGNED)
+    kernel = getattr(mod, name)
     x, wg, wu = _inputs(m, n, k, dtype)
     zr, sr, tr = ref_forward(x, wg, wu, cast=round_toward_zero)
-    per_sm = int(style == "persistent")
+    per_sm = mod.programs_per_sm(style, name)
+    assert per_sm == (style == "persistent")
     cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2, PER_SM=per_sm)
     grid = (3 if per_sm else cdiv(m, bm) * cdiv(n, bn),)
     z, s, t = (torch.full((m, n), float("nan"), dtype=dtype) for _ in range(3))
@@ -134,13 +136,19 @@ def test_variants_cover_every_dtype_and_flag():
             assert hasattr(mod, v.kernel)
             assert (v.flags == 0) == (v.divisible_by_16 == ())
             # TMA kernels need the aligned flag (16-byte aligned bases and row strides).
-            tma = "_tma" in v.kernel or "_persistent" in v.kernel
-            assert not tma or v.flags == mod.FLAG_ALIGNED
+            assert "_tma" not in v.kernel or v.flags == mod.FLAG_ALIGNED
             if v.family == "swiglu_linear_fwd":
                 assert set(v.constexprs) == {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M",
                                              "PER_SM"}
-                # The C++ launcher runs a persistent grid exactly where PER_SM > 0.
-                assert (v.constexprs["PER_SM"] > 0) == ("_persistent" in v.kernel)
+                # The C++ launcher runs a persistent grid where PER_SM > 0: only the TMA
+                # kernel walks several tiles per program.
+                assert v.constexprs["PER_SM"] == 0 or "_tma" in v.kernel
+        # sm_90's aligned 16-bit forward is the TMA kernel on a persistent grid.
+        if arch == 90:
+            fwd = [v for v in mod.variants(arch) if v.family == "swiglu_linear_fwd"
+                   and v.dtype == "bf16" and v.flags == mod.FLAG_ALIGNED]
+            assert [(v.kernel, v.constexprs["PER_SM"]) for v in fwd] == [
+                ("swiglu_linear_fwd_tma_kernel", 1)]
             # No warp-specialized kernel ships (NaN at several configs on the H200).
             assert "_ws" not in v.kernel
 
