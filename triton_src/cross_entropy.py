@@ -26,9 +26,9 @@ Kernels:
   cross_entropy_fwd_kernel   each program walks rows pid, pid + P, ... (P = min(M, PER_SM
                              x SMs): one row per program at large PER_SM). Per row, pass 1
                              reads the row once (online max / sum of exp), pass 2 re-reads
-                             it (from L2 on an H200) and writes the gradient; the gradient
-                             may be the logits' own memory (every element is read before
-                             the same thread overwrites it).
+                             it last block first (the tail still in L2) and writes the
+                             gradient; the gradient may be the logits' own memory (every
+                             element is read before the same thread overwrites it).
   cross_entropy_den_kernel   D_w and D_n: programs over blocks of targets, each adding its
                              partial sums to the zeroed den atomically.
   cross_entropy_scale_kernel dst = src * grad_output (a scalar, or one value per row); in
@@ -41,7 +41,7 @@ import triton.language as tl
 from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
 
 # Variant flag: class weights, label smoothing or softcap (run-time switches inside); the
-# plain variant has none of them and keeps pass 2 to one exp and one FMA per element.
+# plain variant has none of them and keeps pass 2 to an FMA, an exp and a multiply per element.
 FLAG_GENERAL = 2
 
 REDUCTION_NONE, REDUCTION_MEAN, REDUCTION_SUM = 0, 1, 2
@@ -56,9 +56,12 @@ def _tanh(u):
 
 
 @triton.jit
-def _grad_block(raw, cols, y, lse, a, c_y, c_w, softcap, inv_cap, weight_ptr, has_weight,
-                has_softcap, smoothing, V, GENERAL: tl.constexpr):
-    """The gradient of one block of a row from its raw logits (see the module docstring)."""
+def _grad_block(raw, cols, lanes, start, y, lse2, a, c_y, c_w, softcap, inv_cap, weight_ptr,
+                has_weight, has_softcap, smoothing, V, GENERAL: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """The gradient of the block of a row starting at column `start` from its raw logits
+    (see the module docstring); lse2 = lse * log2(e). The target's one-hot term is only
+    added in the block that holds the target, comparing 32-bit lane numbers."""
     x = raw.to(tl.float32)
     if GENERAL:
         dcap = tl.full(x.shape, 1.0, tl.float32)
@@ -66,8 +69,9 @@ def _grad_block(raw, cols, y, lse, a, c_y, c_w, softcap, inv_cap, weight_ptr, ha
             t = _tanh(x * inv_cap)
             x = softcap * t
             dcap = 1.0 - t * t
-    p = tl.exp2((x - lse) * LOG2E)
-    g = p * a - tl.where(cols == y, c_y, 0.0)
+    g = tl.exp2(x * LOG2E - lse2) * a
+    if (y >= start) & (y < start + BLOCK):
+        g = g - tl.where(lanes == (y - start).to(tl.int32), c_y, 0.0)
     if GENERAL:
         if smoothing:
             w = (cols < V).to(tl.float32)
@@ -129,12 +133,11 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
             for start in range(0, V, BLOCK):
                 cols = start + lanes
                 mask = cols < V
-                x = tl.load(x_row + cols, mask=mask, other=0.0,
+                x = tl.load(x_row + cols, mask=mask, other=-float("inf"),
                             eviction_policy="evict_last").to(tl.float32)
                 if GENERAL:
                     if has_softcap != 0:
-                        x = softcap * _tanh(x * inv_cap)
-                x = tl.where(mask, x, -float("inf"))
+                        x = tl.where(mask, softcap * _tanh(x * inv_cap), -float("inf"))
                 if GENERAL:
                     if smoothing:
                         w = mask.to(tl.float32)
@@ -143,8 +146,8 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
                         sx += tl.sum(tl.where(mask, w * x, 0.0), axis=0)
                         sw += tl.sum(w, axis=0)
                 m_new = tl.maximum(m, tl.max(x, axis=0))
-                m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)
-                d = d * tl.exp2((m - m_ref) * LOG2E) + tl.sum(tl.exp2((x - m_ref) * LOG2E), axis=0)
+                m2 = tl.where(m_new == -float("inf"), 0.0, m_new) * LOG2E
+                d = d * tl.exp2(m * LOG2E - m2) + tl.sum(tl.exp2(x * LOG2E - m2), axis=0)
                 m = m_new
             lse = m + tl.log(d)
 
@@ -163,16 +166,21 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
             tl.store(loss_ptr + row, ce * inv_dw + z * inv_dn)
             tl.store(z_ptr + row, z * inv_dn)
 
-            # Pass 2: re-read the row (from L2) and write the gradient; each thread reads
-            # its elements before it overwrites them, so grad may be the logits' memory.
+            # Pass 2: re-read the row and write the gradient, last block first (the
+            # blocks pass 1 read last are the likeliest still in L2); each thread reads its
+            # elements before it overwrites them, so grad may be the logits' memory.
             if write_grad != 0:
-                for start in range(0, V, BLOCK):
+                lse2 = lse * LOG2E
+                nblk = tl.cdiv(V, BLOCK)
+                for i in range(0, nblk):
+                    start = (nblk - 1 - i) * BLOCK
                     cols = start + lanes
                     mask = cols < V
                     raw = tl.load(x_row + cols, mask=mask, other=0.0,
                                   eviction_policy="evict_first")
-                    g = _grad_block(raw, cols, y, lse, a, c_y, c_w, softcap, inv_cap,
-                                    weight_ptr, has_weight, has_softcap, smoothing, V, GENERAL)
+                    g = _grad_block(raw, cols, lanes, start, y, lse2, a, c_y, c_w, softcap,
+                                    inv_cap, weight_ptr, has_weight, has_softcap, smoothing, V,
+                                    GENERAL, BLOCK)
                     tl.store(g_row + cols, g.to(gdtype), mask=mask, eviction_policy="evict_first")
 
 
@@ -228,16 +236,25 @@ def cross_entropy_scale_kernel(src_ptr, dst_ptr, g_ptr, g_stride, src_stride, ds
 
 # Floor at Llama-3 shapes (8192 x 128256 bf16 logits, 2.10 GB; 4.2 TB/s copy bandwidth):
 # forward with the gradient = one read of the logits + one write of the gradient, 4.2 GB,
-# 1.0 ms (pass 2's re-read comes from L2); forward without it 0.5 ms; the backward is one
-# launch that returns at once for grad_output 1, else one more read + write, 1.0 ms.
+# 1.0 ms if pass 2's re-read came from L2 (with 132 rows of 250 KB in flight and the
+# gradient writes passing through the 50 MB L2, most of it comes from DRAM); forward without
+# the gradient 0.5 ms; the backward is one launch that returns at once for grad_output 1,
+# else one more read + write, 1.0 ms. The kernel is also near its instruction issue limit
+# (fewer programs than SMs run proportionally slower), so the element loops are kept lean:
+# one FMA per exponent, masked lanes loaded as -inf, the one-hot term only in the target's
+# block with 32-bit lane numbers (benchmarks/NOTES.md v7: 23 -> 16 instructions an
+# element).
 #
 # Launch configurations for sm_90 (H200: 132 SMs, 50 MB L2), from the sweep of
 # benchmarks/tune_cross_entropy.py at 8192 x 128256 bf16.
 # fwd: per kind of variant and element size, (BLOCK, warps, programs per SM).
 #   plain: aligned, no weights / smoothing / softcap: the Llama training case. One row per
-#     program (PER_SM 64 covers 8192 rows) in 64 KB steps of 32 warps: 1.48 ms measured
-#     (16 warps: 1.72 ms; 128 KB steps: 1.71 ms; 2 programs per SM: 1.54 ms), 68 % of copy
-#     bandwidth for the 4.2 GB floor. Software prefetch of the next block measured 1.6-1.9 ms.
+#     program (PER_SM 64 covers 8192 rows) in 32 KB steps of 16 warps, pass 2 reversed:
+#     1.30-1.31 ms in benchmarks/probes/ce_l2.py (the same loops with 32 warps 1.30, 64 KB
+#     steps 1.38; a grid of one program per SM 1.35-1.67; forward pass 2 1.63), 75 % of copy
+#     bandwidth for the 4.2 GB floor. Earlier forms: 64 KB steps of 32 warps, pass 2
+#     forward, 1.46-1.48 ms; software prefetch of the next block 1.6-1.9 ms; loads
+#     pipelined through shared memory (cp.async or TMA, 3-4 stages) 1.41-4.5 ms.
 #   unaligned (row length not a multiple of 16, or a misaligned pointer): scalar loads hold
 #     more registers; half the block.
 #   general: weights, smoothing or softcap hold several values per element: 16 KB steps.
@@ -252,7 +269,7 @@ LARGE = 1 << 17  # label of the large bucket (rows of any length)
 # which keep the sm_80 / sm_100 / sm_103 / sm_120 code from spilling; the rest as sm_90.
 _SM90 = {
     "small": {2: (1024, 4, 8), 4: (1024, 4, 8)},
-    "plain": {2: (32768, 32, 64), 4: (16384, 16, 64)},
+    "plain": {2: (16384, 16, 64), 4: (16384, 16, 64)},
     "unaligned": {2: (16384, 16, 64), 4: (8192, 16, 64)},
     "general": {2: (8192, 16, 64), 4: (4096, 16, 64)},
     "scale": (4096, 8, 8),

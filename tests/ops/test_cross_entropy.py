@@ -95,6 +95,25 @@ def test_interpreter_forward(dtype, option, reduction):
         assert torch.equal(grad[1], torch.zeros(v, dtype=dtype))  # ignored row
 
 
+@pytest.mark.parametrize("option", ["plain", "all"])
+def test_interpreter_targets_at_block_edges(option):
+    """The one-hot term is added only in the block that holds the target (pass 2 walks the
+    blocks last to first): targets on the first and last column of a block, in the short
+    last block, and on the row's first and last column."""
+    mod = load_triton_src("cross_entropy")
+    v, block = 100, 32
+    edges = [0, 31, 32, 63, 64, 95, 96, 99]
+    x, _, w = _inputs(len(edges), v, ignore=())
+    t = torch.tensor(edges)
+    kw = _kwargs(option, w, "none")
+    ref_loss, _ = ref_cross_entropy(x, t, **kw)
+    ref_g = _ref_grad(x, t, kw, torch.ones(len(edges)))
+    loss, _, grad = _run_fwd_kernel(mod, x.clone(), t, w, kw, block, int(option == "all"), 3,
+                                    True)
+    assert_close(loss, ref_loss, torch.float32, factor=2, what="loss")
+    assert_close(grad, ref_g.float(), torch.float32, factor=2, what="grad")
+
+
 def test_interpreter_no_grad_leaves_logits_and_all_ignored_mean_is_nan():
     mod = load_triton_src("cross_entropy")
     x, t, w = _inputs(4, 50)

@@ -1,0 +1,261 @@
+"""Cross entropy forward with the gradient at 8192 x 128256 bf16, in place: how much of the
+two-pass kernel's second read can come from L2. The library kernel re-reads each 250 KB
+row in the same order it first read it, with one row per program on every SM (33 MB of
+rows in flight against a 50 MB L2, plus the gradient writes passing through it), and the
+re-read misses. Three levers, swept together with Triton's JIT:
+
+  reverse   pass 2 walks the row's blocks last to first, so the blocks read most recently
+            (still in L2) are re-read first
+  grid      fewer programs than rows, each walking rows pid, pid + P, ...: fewer rows in
+            flight at once (P < SMs leaves SMs idle, which costs only if the remaining
+            ones cannot keep DRAM busy)
+  stages    both passes' loads software-pipelined (tl.range num_stages: cp.async, or TMA
+            bulk copies, into shared memory): more bytes in flight per SM than the
+            registers hold, so fewer SMs can keep DRAM busy
+
+Prints each configuration's time (do_bench, L2 flushed before each call), its bandwidth for
+the 4.2 GB floor (read once, write once), and its largest difference from the library
+kernel's losses and gradient.
+
+    python benchmarks/probes/ce_l2.py [--rows 8192] [--vocab 128256] [--stages]
+"""
+import argparse
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "triton_src"))
+import cross_entropy as ce  # noqa: E402
+from cross_entropy import LOG2E  # noqa: E402
+
+
+@triton.jit
+def _load_block(x_row, desc, row, start, cols, V, other, policy: tl.constexpr,
+                TMA: tl.constexpr, BLOCK: tl.constexpr):
+    if TMA:
+        x = desc.load([row.to(tl.int32), start.to(tl.int32)]).reshape(BLOCK).to(tl.float32)
+        return tl.where(cols < V, x, other)
+    return tl.load(x_row + cols, mask=cols < V, other=other,
+                   eviction_policy=policy).to(tl.float32)
+
+
+@triton.jit
+def ce_two_pass_kernel(x_ptr, target_ptr, den_ptr, loss_ptr, stride, M, V, ignore_index,
+                       BLOCK: tl.constexpr, REVERSE: tl.constexpr, NS: tl.constexpr,
+                       TMA: tl.constexpr):
+    """The library's plain variant (no weights, smoothing, softcap or z-loss; reduction
+    "mean"; gradient in place), with pass 2 optionally reversed, both passes' loads
+    optionally software-pipelined NS deep (NS 1: plain loads into registers; NS > 1:
+    cp.async or, with TMA, bulk tensor copies into shared memory, NS - 1 blocks ahead)."""
+    pid = tl.program_id(0).to(tl.int64)
+    lanes = tl.arange(0, BLOCK)
+    inv_dw = 1.0 / tl.load(den_ptr)
+    nblk = tl.cdiv(V, BLOCK)
+    desc = x_ptr
+    if TMA:
+        desc = tl.make_tensor_descriptor(x_ptr, [M, V], [stride, 1], [1, BLOCK])
+    for row in range(pid, M, tl.num_programs(0)):
+        y = tl.load(target_ptr + row)
+        x_row = x_ptr + row * stride
+        if y == ignore_index:
+            for start in range(0, V, BLOCK):
+                cols = start + lanes
+                tl.store(x_row + cols, tl.zeros((BLOCK,), x_ptr.dtype.element_ty),
+                         mask=cols < V, eviction_policy="evict_first")
+            tl.store(loss_ptr + row, 0.0)
+        else:
+            x_y = tl.load(x_row + y).to(tl.float32)
+            m = -float("inf")
+            d = 0.0
+            for start in tl.range(0, V, BLOCK, num_stages=NS):
+                cols = start + lanes
+                x = _load_block(x_row, desc, row, start, cols, V, -float("inf"), "evict_last",
+                                TMA, BLOCK)
+                m_new = tl.maximum(m, tl.max(x, axis=0))
+                d = d * tl.exp2((m - m_new) * LOG2E) + tl.sum(tl.exp2((x - m_new) * LOG2E),
+                                                              axis=0)
+                m = m_new
+            lse = m + tl.log(d)
+            tl.store(loss_ptr + row, (lse - x_y) * inv_dw)
+            for i in tl.range(0, nblk, num_stages=NS):
+                if REVERSE:
+                    start = (nblk - 1 - i) * BLOCK
+                else:
+                    start = i * BLOCK
+                cols = start + lanes
+                mask = cols < V
+                x = _load_block(x_row, desc, row, start, cols, V, 0.0, "evict_first", TMA, BLOCK)
+                g = tl.exp2((x - lse) * LOG2E) * inv_dw - tl.where(cols == y, inv_dw, 0.0)
+                tl.store(x_row + cols, g.to(x_ptr.dtype.element_ty), mask=mask,
+                         eviction_policy="evict_first")
+
+
+@triton.jit
+def ce_lean_kernel(x_ptr, target_ptr, den_ptr, loss_ptr, stride, M, V, ignore_index,
+                   BLOCK: tl.constexpr, REVERSE: tl.constexpr, FOLD: tl.constexpr,
+                   RAW_MAX: tl.constexpr):
+    """ce_two_pass_kernel with fewer instructions per element (the library kernel issues
+    about 23 per element: 10.7 in pass 1, 12.5 in pass 2, from its SASS):
+      - masked lanes loaded as -inf (no select per element);
+      - exponents as one FMA, x * log2(e) - m * log2(e), instead of a subtraction and a
+        multiplication;
+      - the target's one-hot term only in the block that holds the target, compared in
+        32-bit lanes (the library compares 64-bit column indices: 5 instructions an
+        element).
+    FOLD: the gradient's scale (1 / D, positive) folded into the exponent (no multiply).
+    RAW_MAX: each block's maximum taken on the 16-bit values before widening."""
+    pid = tl.program_id(0).to(tl.int64)
+    lanes = tl.arange(0, BLOCK)
+    inv_dw = 1.0 / tl.load(den_ptr)
+    nblk = tl.cdiv(V, BLOCK)
+    for row in range(pid, M, tl.num_programs(0)):
+        y = tl.load(target_ptr + row)
+        x_row = x_ptr + row * stride
+        if y == ignore_index:
+            for start in range(0, V, BLOCK):
+                cols = start + lanes
+                tl.store(x_row + cols, tl.zeros((BLOCK,), x_ptr.dtype.element_ty),
+                         mask=cols < V, eviction_policy="evict_first")
+            tl.store(loss_ptr + row, 0.0)
+        else:
+            x_y = tl.load(x_row + y).to(tl.float32)
+            m = -float("inf")
+            d = 0.0
+            for start in range(0, V, BLOCK):
+                raw = tl.load(x_row + start + lanes, mask=lanes < V - start,
+                              other=-float("inf"), eviction_policy="evict_last")
+                x = raw.to(tl.float32)
+                if RAW_MAX:
+                    m_new = tl.maximum(m, tl.max(raw, axis=0).to(tl.float32))
+                else:
+                    m_new = tl.maximum(m, tl.max(x, axis=0))
+                m_ref = tl.where(m_new == -float("inf"), 0.0, m_new) * LOG2E
+                d = d * tl.exp2(m * LOG2E - m_ref) + tl.sum(tl.exp2(x * LOG2E - m_ref), axis=0)
+                m = m_new
+            lse = m + tl.log(d)
+            lse2 = lse * LOG2E
+            scale = inv_dw
+            if FOLD:
+                lse2 = lse2 - tl.log2(inv_dw)
+                scale = 1.0
+            tl.store(loss_ptr + row, (lse - x_y) * inv_dw)
+            y_start = (y // BLOCK) * BLOCK
+            for i in range(0, nblk):
+                if REVERSE:
+                    start = (nblk - 1 - i) * BLOCK
+                else:
+                    start = i * BLOCK
+                ok = lanes < V - start
+                x = tl.load(x_row + start + lanes, mask=ok, other=0.0,
+                            eviction_policy="evict_first").to(tl.float32)
+                g = tl.exp2(x * LOG2E - lse2)
+                if not FOLD:
+                    g = g * scale
+                if start == y_start:
+                    g = g - tl.where(lanes == (y - start).to(tl.int32), inv_dw, 0.0)
+                tl.store(x_row + start + lanes, g.to(x_ptr.dtype.element_ty), mask=ok,
+                         eviction_policy="evict_first")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=8192)
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--stages", action="store_true", help="also the pipelined-load sweep")
+    args = ap.parse_args()
+    m, v = args.rows, args.vocab
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
+                                                                 device="cuda"))
+    torch.manual_seed(0)
+    x0 = (torch.randn(m, v, device="cuda") * 3).to(torch.bfloat16)
+    t = torch.randint(0, v, (m,), device="cuda")
+    t[::97] = -100
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    den = torch.zeros(2, device="cuda")
+    ce.cross_entropy_den_kernel[(32,)](t, den, den, m, v, -100, 0, BLOCK=256, PER_SM=1,
+                                       num_warps=4)
+    loss = torch.empty(m, device="cuda")
+    z = torch.empty(m, device="cuda")
+    floor = 2 * m * v * 2
+
+    def library(x):
+        ce.cross_entropy_fwd_kernel[(m,)](
+            x, x, t, den, den, loss, z, v, v, m, v, -100, 0.0, 0.0, 1.0, 0, 0, 1, 1,
+            BLOCK=32768, GENERAL=0, PER_SM=64, num_warps=32)
+
+    def probe(block, warps, grid, reverse, ns=1, tma=0):
+        def fn(x):
+            ce_two_pass_kernel[(grid,)](x, t, den, loss, v, m, v, -100, BLOCK=block,
+                                        REVERSE=reverse, NS=ns, TMA=tma, num_warps=warps)
+        return fn
+
+    def report(name, fn):
+        xr = x0.clone()
+        fn(xr)
+        torch.cuda.synchronize()
+        out = (loss.clone(), xr)
+        xb = x0.clone()
+        ms = do_bench(lambda: fn(xb), warmup=50, rep=300, return_mode="median")
+        print(f"{name:56s} {ms * 1e3:8.1f} us  {floor / ms / 1e6:6.0f} GB/s", flush=True)
+        return out, ms
+
+    xc = torch.empty_like(x0)
+    ms = do_bench(lambda: xc.copy_(x0), warmup=50, rep=300, return_mode="median")
+    print(f"{'copy (same bytes)':56s} {ms * 1e3:8.1f} us  {floor / ms / 1e6:6.0f} GB/s")
+    (ref_loss, ref_grad), _ = report("library 32768 x 32 warps, grid M", library)
+    results = []
+
+    def check(name, fn):
+        try:
+            (lo, g), ms = report(name, fn)
+        except Exception as e:  # a configuration that does not compile or fit
+            print(f"{name:56s} failed: {type(e).__name__}: {str(e)[:120]}")
+            return
+        dl = (lo - ref_loss).abs().max().item()
+        dg = (g.float() - ref_grad.float()).abs().max().item()
+        ok = dl < 1e-5 and dg < 1e-3
+        print(f"{'':56s} max |dloss| {dl:.2e}  max |dgrad| {dg:.2e} "
+              f"{'ok' if ok else 'DIFFERS'}", flush=True)
+        results.append((ms, name))
+
+    configs = [(32768, 32, m, 0, 1, 0), (16384, 16, m, 1, 1, 0)]
+    if args.stages:  # measured 1.41-4.5 ms, none faster than without (h200_probe_ce_l2.log)
+        for block, warps in ((16384, 16), (8192, 8), (8192, 16)):
+            for ns in (3, 4):
+                for tma in (0, 1):
+                    for grid in (m, sms, 3 * sms // 4, sms // 2):
+                        for reverse in (0, 1):
+                            configs.append((block, warps, grid, reverse, ns, tma))
+    for block, warps, grid, reverse, ns, tma in configs:
+        check(f"{block} x {warps} w, grid {grid}, rev {reverse}, stages {ns}"
+              + (", tma" if tma else ""), probe(block, warps, grid, reverse, ns, tma))
+    for block, warps in ((32768, 32), (16384, 16), (16384, 32), (8192, 8), (8192, 16)):
+        for grid in (m, sms, 3 * sms // 4):
+            for reverse in (0, 1):
+                def fn(x, block=block, warps=warps, grid=grid, reverse=reverse):
+                    ce_lean_kernel[(grid,)](x, t, den, loss, v, m, v, -100, BLOCK=block,
+                                            REVERSE=reverse, FOLD=0, RAW_MAX=0,
+                                            num_warps=warps)
+                check(f"lean {block} x {warps} w, grid {grid}, rev {reverse}", fn)
+    for block, warps in ((32768, 32), (16384, 16), (8192, 8)):
+        for grid in (m, sms):
+            for fold, raw_max in ((1, 0), (0, 1), (1, 1)):
+                def fn(x, block=block, warps=warps, grid=grid, fold=fold, raw_max=raw_max):
+                    ce_lean_kernel[(grid,)](x, t, den, loss, v, m, v, -100, BLOCK=block,
+                                            REVERSE=1, FOLD=fold, RAW_MAX=raw_max,
+                                            num_warps=warps)
+                check(f"lean {block} x {warps} w, grid {grid}, rev 1, fold {fold}, "
+                      f"raw max {raw_max}", fn)
+    print("fastest:")
+    for ms, name in sorted(results)[:6]:
+        print(f"  {name:56s} {ms * 1e3:8.1f} us")
+    # the library again, for the spread within this run
+    report("library again", library)
+
+
+if __name__ == "__main__":
+    main()
