@@ -1,21 +1,25 @@
-"""Cross entropy forward with the gradient at 8192 x 128256 bf16, in place: how much of the
-two-pass kernel's second read can come from L2. The library kernel re-reads each 250 KB
-row in the same order it first read it, with one row per program on every SM (33 MB of
-rows in flight against a 50 MB L2, plus the gradient writes passing through it), and the
-re-read misses. Three levers, swept together with Triton's JIT:
+"""Cross entropy forward with the gradient at 8192 x 128256 bf16, in place: what limits the
+two-pass kernel (pass 1: max and sum of exp over the row; pass 2: re-read it, write the
+gradient). With one row per program on every SM, 33 MB of rows are in flight against a
+50 MB L2, with the gradient writes passing through it, and the re-read largely misses.
+Levers swept with Triton's JIT (benchmarks/NOTES.md v7 has the results; the library took
+the lean loops with pass 2 reversed):
 
   reverse   pass 2 walks the row's blocks last to first, so the blocks read most recently
             (still in L2) are re-read first
   grid      fewer programs than rows, each walking rows pid, pid + P, ...: fewer rows in
             flight at once (P < SMs leaves SMs idle, which costs only if the remaining
             ones cannot keep DRAM busy)
-  stages    both passes' loads software-pipelined (tl.range num_stages: cp.async, or TMA
-            bulk copies, into shared memory): more bytes in flight per SM than the
-            registers hold, so fewer SMs can keep DRAM busy
+  stages    (--stages) both passes' loads software-pipelined (tl.range num_stages:
+            cp.async, or TMA bulk copies, into shared memory): more bytes in flight per SM
+            than the registers hold
+  lean      fewer instructions per element (ce_lean_kernel), once the grid sweep showed
+            the time following the number of SMs, not DRAM
 
 Prints each configuration's time (do_bench, L2 flushed before each call), its bandwidth for
 the 4.2 GB floor (read once, write once), and its largest difference from the library
-kernel's losses and gradient.
+kernel's losses and gradient (the reference: the library's plain variant with its sm_90
+config, the first timed line).
 
     python benchmarks/probes/ce_l2.py [--rows 8192] [--vocab 128256] [--stages]
 """
@@ -26,10 +30,9 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from triton.testing import do_bench
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "triton_src"))
-import cross_entropy as ce  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _ce_probe import Problem  # noqa: E402  (puts triton_src on the path)
 from cross_entropy import LOG2E  # noqa: E402
 
 
@@ -170,22 +173,8 @@ def main():
     m, v = args.rows, args.vocab
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
                                                                  device="cuda"))
-    torch.manual_seed(0)
-    x0 = (torch.randn(m, v, device="cuda") * 3).to(torch.bfloat16)
-    t = torch.randint(0, v, (m,), device="cuda")
-    t[::97] = -100
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    den = torch.zeros(2, device="cuda")
-    ce.cross_entropy_den_kernel[(32,)](t, den, den, m, v, -100, 0, BLOCK=256, PER_SM=1,
-                                       num_warps=4)
-    loss = torch.empty(m, device="cuda")
-    z = torch.empty(m, device="cuda")
-    floor = 2 * m * v * 2
-
-    def library(x):
-        ce.cross_entropy_fwd_kernel[(m,)](
-            x, x, t, den, den, loss, z, v, v, m, v, -100, 0.0, 0.0, 1.0, 0, 0, 1, 1,
-            BLOCK=32768, GENERAL=0, PER_SM=64, num_warps=32)
+    p = Problem(m, v, width=56)
+    t, den, loss, sms = p.t, p.den, p.loss, p.sms
 
     def probe(block, warps, grid, reverse, ns=1, tma=0):
         def fn(x):
@@ -193,37 +182,24 @@ def main():
                                         REVERSE=reverse, NS=ns, TMA=tma, num_warps=warps)
         return fn
 
-    def report(name, fn):
-        xr = x0.clone()
-        fn(xr)
-        torch.cuda.synchronize()
-        out = (loss.clone(), xr)
-        xb = x0.clone()
-        ms = do_bench(lambda: fn(xb), warmup=50, rep=300, return_mode="median")
-        print(f"{name:56s} {ms * 1e3:8.1f} us  {floor / ms / 1e6:6.0f} GB/s", flush=True)
-        return out, ms
+    def lean(block, warps, grid, reverse, fold=0, raw_max=0):
+        def fn(x):
+            ce_lean_kernel[(grid,)](x, t, den, loss, v, m, v, -100, BLOCK=block,
+                                    REVERSE=reverse, FOLD=fold, RAW_MAX=raw_max,
+                                    num_warps=warps)
+        return fn
 
-    xc = torch.empty_like(x0)
-    ms = do_bench(lambda: xc.copy_(x0), warmup=50, rep=300, return_mode="median")
-    print(f"{'copy (same bytes)':56s} {ms * 1e3:8.1f} us  {floor / ms / 1e6:6.0f} GB/s")
-    (ref_loss, ref_grad), _ = report("library 32768 x 32 warps, grid M", library)
+    p.copy()
+    p.reference()
     results = []
 
     def check(name, fn):
-        try:
-            (lo, g), ms = report(name, fn)
-        except Exception as e:  # a configuration that does not compile or fit
-            print(f"{name:56s} failed: {type(e).__name__}: {str(e)[:120]}")
-            return
-        dl = (lo - ref_loss).abs().max().item()
-        dg = (g.float() - ref_grad.float()).abs().max().item()
-        ok = dl < 1e-5 and dg < 1e-3
-        print(f"{'':56s} max |dloss| {dl:.2e}  max |dgrad| {dg:.2e} "
-              f"{'ok' if ok else 'DIFFERS'}", flush=True)
-        results.append((ms, name))
+        ms = p.check(name, fn)
+        if ms is not None:
+            results.append((ms, name))
 
     configs = [(32768, 32, m, 0, 1, 0), (16384, 16, m, 1, 1, 0)]
-    if args.stages:  # measured 1.41-4.5 ms, none faster than without (h200_probe_ce_l2.log)
+    if args.stages:  # measured 1.41-4.5 ms, none faster than without (h200_probe_ce_l2_stages.log)
         for block, warps in ((16384, 16), (8192, 8), (8192, 16)):
             for ns in (3, 4):
                 for tma in (0, 1):
@@ -236,25 +212,17 @@ def main():
     for block, warps in ((32768, 32), (16384, 16), (16384, 32), (8192, 8), (8192, 16)):
         for grid in (m, sms, 3 * sms // 4):
             for reverse in (0, 1):
-                def fn(x, block=block, warps=warps, grid=grid, reverse=reverse):
-                    ce_lean_kernel[(grid,)](x, t, den, loss, v, m, v, -100, BLOCK=block,
-                                            REVERSE=reverse, FOLD=0, RAW_MAX=0,
-                                            num_warps=warps)
-                check(f"lean {block} x {warps} w, grid {grid}, rev {reverse}", fn)
+                check(f"lean {block} x {warps} w, grid {grid}, rev {reverse}",
+                      lean(block, warps, grid, reverse))
     for block, warps in ((32768, 32), (16384, 16), (8192, 8)):
         for grid in (m, sms):
             for fold, raw_max in ((1, 0), (0, 1), (1, 1)):
-                def fn(x, block=block, warps=warps, grid=grid, fold=fold, raw_max=raw_max):
-                    ce_lean_kernel[(grid,)](x, t, den, loss, v, m, v, -100, BLOCK=block,
-                                            REVERSE=1, FOLD=fold, RAW_MAX=raw_max,
-                                            num_warps=warps)
                 check(f"lean {block} x {warps} w, grid {grid}, rev 1, fold {fold}, "
-                      f"raw max {raw_max}", fn)
+                      f"raw max {raw_max}", lean(block, warps, grid, 1, fold, raw_max))
     print("fastest:")
     for ms, name in sorted(results)[:6]:
         print(f"  {name:56s} {ms * 1e3:8.1f} us")
-    # the library again, for the spread within this run
-    report("library again", library)
+    p.report("library again", p.library)  # the spread within this run
 
 
 if __name__ == "__main__":

@@ -18,10 +18,9 @@ import sys
 
 import torch
 import triton
-from triton.testing import do_bench
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "triton_src"))
-import cross_entropy as ce  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _ce_probe import Problem  # noqa: E402  (puts triton_src on the path)
 import triton.language as tl  # noqa: E402
 from cross_entropy import LOG2E  # noqa: E402
 
@@ -171,22 +170,8 @@ def main():
     ap.add_argument("--spin-limit", type=int, default=1 << 22)
     args = ap.parse_args()
     m, v = args.rows, args.vocab
-    torch.manual_seed(0)
-    x0 = (torch.randn(m, v, device="cuda") * 3).to(torch.bfloat16)
-    t = torch.randint(0, v, (m,), device="cuda")
-    t[::97] = -100
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    den = torch.zeros(2, device="cuda")
-    ce.cross_entropy_den_kernel[(32,)](t, den, den, m, v, -100, 0, BLOCK=256, PER_SM=1,
-                                       num_warps=4)
-    loss = torch.empty(m, device="cuda")
-    z = torch.empty(m, device="cuda")
-    floor = 2 * m * v * 2
-
-    def two_pass(x, block=32768, warps=32):
-        ce.cross_entropy_fwd_kernel[(m,)](
-            x, x, t, den, den, loss, z, v, v, m, v, -100, 0.0, 0.0, 1.0, 0, 0, 1, 1,
-            BLOCK=block, GENERAL=0, PER_SM=64, num_warps=warps)
+    p = Problem(m, v, width=40)
+    t, den, loss, z, sms = p.t, p.den, p.loss, p.z, p.sms
 
     def team_fn(block, warps, per_sm):
         team = triton.cdiv(v, block)
@@ -202,32 +187,14 @@ def main():
                 BLOCK=block, TEAM=cap, num_warps=warps)
         return fn
 
-    def report(name, fn):
-        xr = x0.clone()
-        fn(xr)
-        torch.cuda.synchronize()
-        out = (loss.clone(), xr)
-        xb = x0.clone()
-        ms = do_bench(lambda: fn(xb), warmup=50, rep=300, return_mode="median")
-        print(f"{name:40s} {ms * 1e3:8.1f} us  {floor / ms / 1e6:6.0f} GB/s", flush=True)
-        return out
-
-    xc = torch.empty_like(x0)
-    ms = do_bench(lambda: xc.copy_(x0), warmup=50, rep=300, return_mode="median")
-    print(f"{'copy (same bytes)':40s} {ms * 1e3:8.1f} us  {floor / ms / 1e6:6.0f} GB/s")
-    ref_loss, ref_grad = report("two-pass 32768 x 32 warps", two_pass)
+    p.copy()
+    p.reference()
     for block, warps in ((4096, 4), (8192, 4), (8192, 8), (16384, 8), (32768, 16)):
         for per_sm in (0, 2, 4, 8):
             name = f"team {block} x {warps} w, " + (f"{per_sm}/SM" if per_sm else "grid M*T")
-            try:
-                lo, g = report(name, team_fn(block, warps, per_sm))
-            except Exception as e:  # a configuration that does not compile or fit
-                print(f"{name:34s} failed: {type(e).__name__}: {str(e)[:120]}")
-                continue
-            dl = (lo - ref_loss).abs().max().item()
-            dg = (g.float() - ref_grad.float()).abs().max().item()
-            print(f"{'':34s} max |dloss| {dl:.2e}  max |dgrad| {dg:.2e}", flush=True)
-    # Ablations: the same memory pattern without the meeting, and with a prefetched row.
+            p.check(name, team_fn(block, warps, per_sm))
+    # Ablations: the same memory pattern without the meeting, and with a prefetched row
+    # (timing only: without the meeting the values are wrong).
     for block, warps in ((8192, 4), (16384, 8), (32768, 16)):
         team = triton.cdiv(v, block)
         cap = triton.next_power_of_2(team)
@@ -246,9 +213,10 @@ def main():
             name = (f"abl {block} x {warps} w sync={sync} pf={prefetch} "
                     + (f"{per_sm}/SM" if per_sm else "M*T"))
             try:
-                report(name, fn)
-            except Exception as e:
-                print(f"{name:34s} failed: {type(e).__name__}: {str(e)[:120]}")
+                p.report(name, fn)
+            except Exception as e:  # a configuration that does not compile or fit
+                print(f"{name:40s} failed: {type(e).__name__}: {str(e)[:120]}")
+
 
 if __name__ == "__main__":
     main()

@@ -10,8 +10,11 @@ main loop, with Triton's JIT, against the library kernel and cuBLAS on the stack
   subtile     the epilogue in two column halves (less register pressure, half the
               staging buffer for the TMA stores)
 
-Each variant is checked against torch, then all are timed in turn (five rounds, CUDA
-events, median; the order rotates each round so no variant always follows cuBLAS).
+The store switches are constexprs here (a run-time switch around a TMA store does not
+compile in a flattened loop with Triton 3.6). Each variant is checked against torch, then
+all are timed in turn (five rounds, CUDA events, median; the order rotates each round so no
+variant always follows cuBLAS). Results: benchmarks/NOTES.md v7 (none beyond the noise;
+the library kernel is unchanged).
 
     python benchmarks/probes/swiglu_linear_overlap.py [--tokens 8192] [--flatten]
 """
@@ -57,9 +60,10 @@ def _epilogue_part(acc_g, acc_u, z_desc, s_desc, t_desc, z_ptr, s_ptr, t_ptr, ro
 
 @triton.jit
 def fwd_overlap_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K_,
-                       STORE_Z: tl.constexpr, STORE_SAVED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, FLATTEN: tl.constexpr,
-                       TMA_STORE: tl.constexpr, SUBTILE: tl.constexpr):
+                       STORE_Z: tl.constexpr, STORE_SAVED: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       GROUP_M: tl.constexpr, FLATTEN: tl.constexpr, TMA_STORE: tl.constexpr,
+                       SUBTILE: tl.constexpr):
     dtype = x_ptr.dtype.element_ty
     SUB_N: tl.constexpr = BLOCK_N // 2 if SUBTILE else BLOCK_N
     x_desc = tl.make_tensor_descriptor(x_ptr, [M, K_], [K_, 1], [BLOCK_M, BLOCK_K])
@@ -132,8 +136,8 @@ def main():
     def probe(store, flatten, tma_store, subtile, stages=3):
         return lambda: fwd_overlap_kernel[grid](
             x, wg, wu, *outs, m, n, k, STORE_Z=store[0], STORE_SAVED=store[1], BLOCK_M=128,
-            BLOCK_N=128, BLOCK_K=64, GROUP_M=32, FLATTEN=flatten, TMA_STORE=tma_store, SUBTILE=subtile,
-            num_warps=8, num_stages=stages)
+            BLOCK_N=128, BLOCK_K=64, GROUP_M=32, FLATTEN=flatten, TMA_STORE=tma_store,
+            SUBTILE=subtile, num_warps=8, num_stages=stages)
 
     runs = {"cublas stacked": lambda: torch.matmul(x, wcat.T, out=ab)}
     # (flatten, tma_store, subtile, stages); flatten measured 0.78-0.85 of cuBLAS on the

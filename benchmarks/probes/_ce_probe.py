@@ -1,0 +1,81 @@
+"""What the cross-entropy probes share: bf16 logits with every 97th row ignored, the
+"mean" denominators on the device, the library's plain forward as the reference, and a
+timer that checks a kernel against it."""
+import os
+import sys
+
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "triton_src"))
+import cross_entropy as ce  # noqa: E402
+
+
+class Problem:
+    """Logits (m, v) in place: every timed call starts from a fresh copy of x0."""
+
+    def __init__(self, m, v, width=44):
+        self.m, self.v, self.width = m, v, width
+        torch.manual_seed(0)
+        self.x0 = (torch.randn(m, v, device="cuda") * 3).to(torch.bfloat16)
+        self.t = torch.randint(0, v, (m,), device="cuda")
+        self.t[::97] = -100
+        self.sms = torch.cuda.get_device_properties(0).multi_processor_count
+        self.den = torch.zeros(2, device="cuda")
+        ce.cross_entropy_den_kernel[(32,)](self.t, self.den, self.den, m, v, -100, 0,
+                                           BLOCK=256, PER_SM=1, num_warps=4)
+        self.loss = torch.empty(m, device="cuda")
+        self.z = torch.empty(m, device="cuda")
+        self.floor = 2 * m * v * 2  # bytes: read the logits once, write the gradient once
+        self.block, self.warps, _ = ce._SM90["plain"][2]
+        self.ref = None
+
+    def library(self, x):
+        """The library's plain aligned bf16 forward with its sm_90 config, one row per
+        program, gradient in place, reduction "mean"."""
+        m, v = self.m, self.v
+        ce.cross_entropy_fwd_kernel[(m,)](
+            x, x, self.t, self.den, self.den, self.loss, self.z, v, v, m, v, -100, 0.0, 0.0,
+            1.0, 0, 0, 1, 1, BLOCK=self.block, GENERAL=0, PER_SM=64, num_warps=self.warps)
+
+    def copy(self):
+        """Times a copy of the floor's bytes; prints it."""
+        xc = torch.empty_like(self.x0)
+        ms = do_bench(lambda: xc.copy_(self.x0), warmup=50, rep=300, return_mode="median")
+        self._line("copy (same bytes)", ms)
+
+    def report(self, name, fn):
+        """Runs fn on a copy of the logits, times it (L2 flushed before each call), prints
+        one line; ((loss, gradient), ms)."""
+        xr = self.x0.clone()
+        fn(xr)
+        torch.cuda.synchronize()
+        out = (self.loss.clone(), xr)
+        xb = self.x0.clone()
+        ms = do_bench(lambda: fn(xb), warmup=50, rep=300, return_mode="median")
+        self._line(name, ms)
+        return out, ms
+
+    def reference(self):
+        """Times the library kernel and keeps its losses and gradient as the reference."""
+        self.ref, _ = self.report(f"library {self.block} x {self.warps} warps, grid M",
+                                  self.library)
+
+    def check(self, name, fn):
+        """report(), then the largest differences from the reference; the time, or None
+        when the kernel failed to compile or run."""
+        try:
+            (lo, g), ms = self.report(name, fn)
+        except Exception as e:  # a configuration that does not compile or fit
+            print(f"{name:{self.width}s} failed: {type(e).__name__}: {str(e)[:120]}")
+            return None
+        dl = (lo - self.ref[0]).abs().max().item()
+        dg = (g.float() - self.ref[1].float()).abs().max().item()
+        ok = dl < 1e-5 and dg < 1e-3
+        print(f"{'':{self.width}s} max |dloss| {dl:.2e}  max |dgrad| {dg:.2e} "
+              f"{'ok' if ok else 'DIFFERS'}", flush=True)
+        return ms
+
+    def _line(self, name, ms):
+        print(f"{name:{self.width}s} {ms * 1e3:8.1f} us  {self.floor / ms / 1e6:6.0f} GB/s",
+              flush=True)
