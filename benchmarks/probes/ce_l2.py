@@ -37,6 +37,17 @@ from cross_entropy import LOG2E  # noqa: E402
 
 
 @triton.jit
+def _ignored_row(x_row, loss_at, V, BLOCK: tl.constexpr):
+    """An ignored row: loss 0, gradient zeros."""
+    lanes = tl.arange(0, BLOCK)
+    for start in range(0, V, BLOCK):
+        cols = start + lanes
+        tl.store(x_row + cols, tl.zeros((BLOCK,), x_row.dtype.element_ty), mask=cols < V,
+                 eviction_policy="evict_first")
+    tl.store(loss_at, 0.0)
+
+
+@triton.jit
 def _load_block(x_row, desc, row, start, cols, V, other, policy: tl.constexpr,
                 TMA: tl.constexpr, BLOCK: tl.constexpr):
     if TMA:
@@ -65,11 +76,7 @@ def ce_two_pass_kernel(x_ptr, target_ptr, den_ptr, loss_ptr, stride, M, V, ignor
         y = tl.load(target_ptr + row)
         x_row = x_ptr + row * stride
         if y == ignore_index:
-            for start in range(0, V, BLOCK):
-                cols = start + lanes
-                tl.store(x_row + cols, tl.zeros((BLOCK,), x_ptr.dtype.element_ty),
-                         mask=cols < V, eviction_policy="evict_first")
-            tl.store(loss_ptr + row, 0.0)
+            _ignored_row(x_row, loss_ptr + row, V, BLOCK)
         else:
             x_y = tl.load(x_row + y).to(tl.float32)
             m = -float("inf")
@@ -119,11 +126,7 @@ def ce_lean_kernel(x_ptr, target_ptr, den_ptr, loss_ptr, stride, M, V, ignore_in
         y = tl.load(target_ptr + row)
         x_row = x_ptr + row * stride
         if y == ignore_index:
-            for start in range(0, V, BLOCK):
-                cols = start + lanes
-                tl.store(x_row + cols, tl.zeros((BLOCK,), x_ptr.dtype.element_ty),
-                         mask=cols < V, eviction_policy="evict_first")
-            tl.store(loss_ptr + row, 0.0)
+            _ignored_row(x_row, loss_ptr + row, V, BLOCK)
         else:
             x_y = tl.load(x_row + y).to(tl.float32)
             m = -float("inf")
