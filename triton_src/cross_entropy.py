@@ -56,12 +56,13 @@ def _tanh(u):
 
 
 @triton.jit
-def _grad_block(raw, cols, lanes, start, y, lse2, a, c_y, c_w, softcap, inv_cap, weight_ptr,
+def _grad_block(raw, lanes, start, y, lse2, a, c_y, c_w, softcap, inv_cap, weight_ptr,
                 has_weight, has_softcap, smoothing, V, GENERAL: tl.constexpr,
                 BLOCK: tl.constexpr):
-    """The gradient of the block of a row starting at column `start` from its raw logits
-    (see the module docstring); lse2 = lse * log2(e). The target's one-hot term is only
-    added in the block that holds the target, comparing 32-bit lane numbers."""
+    """The gradient of the block of a row starting at column `start` (lanes: 0 .. BLOCK-1)
+    from its raw logits (see the module docstring); lse2 = lse * log2(e). The target's
+    one-hot term is only added in the block that holds the target, comparing 32-bit lane
+    numbers."""
     x = raw.to(tl.float32)
     if GENERAL:
         dcap = tl.full(x.shape, 1.0, tl.float32)
@@ -74,6 +75,7 @@ def _grad_block(raw, cols, lanes, start, y, lse2, a, c_y, c_w, softcap, inv_cap,
         g = g - tl.where(lanes == (y - start).to(tl.int32), c_y, 0.0)
     if GENERAL:
         if smoothing:
+            cols = start + lanes
             w = (cols < V).to(tl.float32)
             if has_weight != 0:
                 w = tl.load(weight_ptr + cols, mask=cols < V, other=0.0)
@@ -178,9 +180,9 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
                     mask = cols < V
                     raw = tl.load(x_row + cols, mask=mask, other=0.0,
                                   eviction_policy="evict_first")
-                    g = _grad_block(raw, cols, lanes, start, y, lse2, a, c_y, c_w, softcap,
-                                    inv_cap, weight_ptr, has_weight, has_softcap, smoothing, V,
-                                    GENERAL, BLOCK)
+                    g = _grad_block(raw, lanes, start, y, lse2, a, c_y, c_w, softcap, inv_cap,
+                                    weight_ptr, has_weight, has_softcap, smoothing, V, GENERAL,
+                                    BLOCK)
                     tl.store(g_row + cols, g.to(gdtype), mask=mask, eviction_policy="evict_first")
 
 
