@@ -27,16 +27,20 @@ class Problem:
         self.loss = torch.empty(m, device="cuda")
         self.z = torch.empty(m, device="cuda")
         self.floor = 2 * m * v * 2  # bytes: read the logits once, write the gradient once
-        self.block, self.warps, _ = ce._SM90["plain"][2]
+        plain = [k for k in ce.variants(90) if k.family == "cross_entropy_fwd"
+                 and k.dtype == "bf16" and k.block == ce.LARGE and k.flags == ce.FLAG_ALIGNED]
+        self.block, self.warps = plain[0].constexprs["BLOCK"], plain[0].num_warps
+        self.per_sm = plain[0].constexprs["PER_SM"]
         self.ref = None
 
     def library(self, x):
-        """The library's plain aligned bf16 forward with its sm_90 config, one row per
-        program, gradient in place, reduction "mean"."""
+        """The library's plain aligned bf16 forward with its sm_90 variant on the grid the
+        C++ launcher gives it, gradient in place, reduction "mean"."""
         m, v = self.m, self.v
-        ce.cross_entropy_fwd_kernel[(m,)](
+        ce.cross_entropy_fwd_kernel[(min(m, self.per_sm * self.sms),)](
             x, x, self.t, self.den, self.den, self.loss, self.z, v, v, m, v, -100, 0.0, 0.0,
-            1.0, 0, 0, 1, 1, BLOCK=self.block, GENERAL=0, PER_SM=64, num_warps=self.warps)
+            1.0, 0, 0, 1, 1, BLOCK=self.block, GENERAL=0, PER_SM=self.per_sm,
+            num_warps=self.warps)
 
     def copy(self):
         """Times a copy of the floor's bytes; prints it."""
@@ -58,8 +62,7 @@ class Problem:
 
     def reference(self):
         """Times the library kernel and keeps its losses and gradient as the reference."""
-        self.ref, _ = self.report(f"library {self.block} x {self.warps} warps, grid M",
-                                  self.library)
+        self.ref, _ = self.report(f"library {self.block} x {self.warps} warps", self.library)
 
     def check(self, name, fn):
         """report(), then the largest differences from the reference; the time, or None
