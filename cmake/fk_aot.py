@@ -41,7 +41,8 @@ def _variant_record(v) -> dict:
     return {"family": v.family, "kernel": v.kernel, "dtype": v.dtype, "block": v.block,
             "flags": v.flags, "signature": v.signature, "constexprs": v.constexprs,
             "num_warps": v.num_warps, "num_stages": v.num_stages,
-            "divisible_by_16": list(v.divisible_by_16)}
+            "divisible_by_16": list(v.divisible_by_16), "cluster": v.cluster,
+            "maxnreg": v.maxnreg}
 
 
 def _cache_key(src_dir: Path, op: str, record: dict, arch: int, triton_version: str) -> str:
@@ -66,9 +67,16 @@ def _compile_one(job: dict) -> dict:
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in rec["divisible_by_16"]}
     src = triton.compiler.ASTSource(fn=fn, signature=rec["signature"],
                                     constexprs=rec["constexprs"], attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                       options={"num_warps": rec["num_warps"], "num_stages": rec["num_stages"]})
+    options = {"num_warps": rec["num_warps"], "num_stages": rec["num_stages"]}
+    if rec["maxnreg"]:
+        options["maxnreg"] = rec["maxnreg"]
+    if rec["cluster"] != 1 and (arch < 90 or not 1 <= rec["cluster"] <= 8):
+        raise RuntimeError(f"a cluster of {rec['cluster']} programs needs sm_90 or newer and "
+                           "at most 8 programs")
+    k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     md = k.metadata
+    if md.num_ctas != 1 and rec["cluster"] != 1:
+        raise RuntimeError("a variant with a launch cluster must compile to one CTA a program")
     if md.profile_scratch_size:
         raise RuntimeError(f"kernel needs profile scratch ({md.profile_scratch_size} bytes); "
                            "fk does not launch such kernels")
@@ -77,7 +85,8 @@ def _compile_one(job: dict) -> dict:
             "shared": md.shared, "global_scratch_size": md.global_scratch_size,
             "global_scratch_align": md.global_scratch_align,
             "launch_pdl": bool(md.launch_pdl),
-            "cooperative": bool(md.launch_cooperative_grid), "num_params": len(params),
+            "cooperative": bool(md.launch_cooperative_grid), "cluster": rec["cluster"],
+            "num_params": len(params),
             "params": params}
     tmp = cubin_path.with_suffix(".tmp")
     tmp.write_bytes(k.asm["cubin"])
@@ -179,7 +188,7 @@ def main() -> int:
         rows.append(
             f"  {{{_cpp_str(rec['family'])}, {_cpp_str(rec['dtype'])}, {rec['block']}, "
             f"{rec['flags']}, {j['arch']}, {_cpp_str(meta['entry'])}, {_cpp_str(j['variant'])}, "
-            f"{meta['num_warps']}, {meta['num_ctas']}, {meta['shared']}, "
+            f"{meta['num_warps']}, {meta['num_ctas']}, {meta['cluster']}, {meta['shared']}, "
             f"{meta['global_scratch_size']}, {meta['global_scratch_align']}, "
             f"{str(meta['launch_pdl']).lower()}, {str(meta['cooperative']).lower()}, "
             f"{meta['num_params']}, {{{cx}}}, {sym}, {sym}_end}},")

@@ -30,6 +30,10 @@ class Variant:
     flags:   bit mask of ``FLAG_*`` specializations.
     signature: argument name -> Triton type (``*bf16``, ``i64``, ``fp32``, ``constexpr``).
     constexprs: values of the ``constexpr`` arguments.
+    cluster: programs launched together as one thread-block cluster (sm_90 and newer, at
+             most 8); the kernel is compiled for one CTA per program either way, and the
+             runtime launches it on grids that are a multiple of ``cluster``.
+    maxnreg: cap on registers per thread (0: ptxas chooses), for more programs per SM.
     """
 
     family: str
@@ -42,6 +46,8 @@ class Variant:
     num_stages: int = 1
     flags: int = 0
     divisible_by_16: tuple = field(default=())
+    cluster: int = 1
+    maxnreg: int = 0
 
     def key(self) -> str:
         return f"{self.family}.{self.dtype}.b{self.block}.f{self.flags}"

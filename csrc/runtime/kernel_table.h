@@ -21,7 +21,8 @@ struct KernelSpec {
   const char* entry;    // kernel symbol in the cubin
   const char* variant;  // human-readable variant key, for error messages
   int num_warps;
-  int num_ctas;
+  int num_ctas;  // CTAs a program spans (Triton's num_ctas)
+  int cluster;   // programs launched as one thread-block cluster (1: none)
   int shared_bytes;
   int global_scratch_size;
   int global_scratch_align;

@@ -266,7 +266,9 @@ void launch(const char* op, const KernelSpec& k, const at::Device& device,
   args.ptrs_[n + 1] = &args.slots_[n + 1];
 
   const Driver& d = driver();
-  if (k.num_ctas == 1 && !k.launch_pdl && !k.cooperative) {
+  TORCH_CHECK(grid[0] % k.cluster == 0, op, ": kernel ", k.variant, " runs in clusters of ",
+              k.cluster, " programs; grid ", grid[0], " is not a multiple");
+  if (k.num_ctas == 1 && k.cluster == 1 && !k.launch_pdl && !k.cooperative) {
     FK_CU_CHECK(d.cuLaunchKernel(fn, static_cast<unsigned>(grid[0]),
                                  static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2]),
                                  32 * k.num_warps, 1, 1, k.shared_bytes, stream.stream(),
@@ -284,9 +286,9 @@ void launch(const char* op, const KernelSpec& k, const at::Device& device,
     attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
     attrs[num_attrs++].value.cooperative = 1;
   }
-  if (k.num_ctas != 1) {
+  if (k.num_ctas != 1 || k.cluster != 1) {
     attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attrs[num_attrs].value.clusterDim.x = k.num_ctas;
+    attrs[num_attrs].value.clusterDim.x = k.num_ctas * k.cluster;
     attrs[num_attrs].value.clusterDim.y = 1;
     attrs[num_attrs++].value.clusterDim.z = 1;
     attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
