@@ -94,8 +94,8 @@ def main():
         grid = (min(m, programs),)
         return lambda: K.cross_entropy_fwd_kernel[grid](
             x, x, t, w if weight is not None else loss, den, loss, z, v, v, m, v, -100, ls,
-            0.0, 1.0, int(weight is not None), 0, 2, write_grad, BLOCK=block, GENERAL=general,
-            PER_SM=1, num_warps=warps)
+            0.0, 1.0, int(weight is not None), 0, 2, write_grad, den, BLOCK=block,
+            GENERAL=general, PER_SM=1, CHUNKS=1, num_warps=warps)
 
     def report(name, fn, traffic):
         try:

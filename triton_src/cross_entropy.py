@@ -23,12 +23,17 @@ gradient row; a target outside [0, V) that is not ignore_index gives NaN (loss a
 gradient of that row, and D, so a "mean" is NaN): there is no host check to raise.
 
 Kernels:
-  cross_entropy_fwd_kernel   each program walks rows pid, pid + P, ... (P = min(M, PER_SM
-                             x SMs): one row per program at large PER_SM). Per row, pass 1
-                             reads the row once (online max / sum of exp), pass 2 re-reads
-                             it last block first (the tail still in L2) and writes the
-                             gradient; the gradient may be the logits' own memory (every
-                             element is read before the same thread overwrites it).
+  cross_entropy_fwd_kernel   R = min(M, PER_SM x SMs) rows at once: CHUNKS programs per row,
+                             the programs pid // CHUNKS walking rows pid // CHUNKS, + R, ...
+                             Program c of a row covers its chunk c (cdiv(cdiv(V, BLOCK),
+                             CHUNKS) blocks; CHUNKS 1: the whole row). Pass 1 reads the
+                             chunk once (online max / sum of exp); with CHUNKS > 1 the row's
+                             programs, launched as one thread-block cluster, then meet once
+                             (hardware cluster barrier) to combine their chunks' sums through
+                             part; pass 2 re-reads the chunk last block first (its tail still
+                             in L2) and writes the gradient. The gradient may be the logits'
+                             own memory: every element is read before the same thread
+                             overwrites it, and x_y is read before the meeting.
   cross_entropy_den_kernel   D_w and D_n: programs over blocks of targets, each adding its
                              partial sums to the zeroed den atomically.
   cross_entropy_scale_kernel dst = src * grad_output (a scalar, or one value per row); in
@@ -53,6 +58,16 @@ LOG2E = tl.constexpr(1.4426950408889634)
 def _tanh(u):
     """tanh through exp2: exact at +-inf, absolute error about 1e-7 near 0."""
     return 1.0 - 2.0 / (tl.exp2(u * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def _cluster_barrier(x):
+    """Returns x once every thread of every program in this program's thread-block cluster
+    has arrived here: their earlier memory writes (release) are visible to the reads that
+    follow (acquire). A program launched without a cluster is a cluster of one."""
+    return tl.inline_asm_elementwise(
+        "barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\nmov.b32 $0, $1;",
+        "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -88,12 +103,28 @@ def _grad_block(raw, lanes, start, y, lse2, a, c_y, c_w, softcap, inv_cap, weigh
 def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, loss_ptr, z_ptr,
                              x_stride, grad_stride, M, V, ignore_index, label_smoothing,
                              lse_square_scale, softcap, has_weight, has_softcap, reduction,
-                             write_grad, BLOCK: tl.constexpr, GENERAL: tl.constexpr,
-                             PER_SM: tl.constexpr):
+                             write_grad, part_ptr, BLOCK: tl.constexpr,
+                             GENERAL: tl.constexpr, PER_SM: tl.constexpr,
+                             CHUNKS: tl.constexpr):
     gdtype = grad_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK)
+    PASS1_POLICY: tl.constexpr = "evict_last" if CHUNKS == 1 else ""
+    if CHUNKS == 1:
+        rank = 0
+        first = pid
+        step = nprog
+        c0 = 0
+        c1 = V
+    else:
+        # Program pid is chunk pid % CHUNKS of the row its cluster works on; a chunk is a
+        # whole number of blocks (the last one shorter).
+        rank = (pid % CHUNKS).to(tl.int32)
+        first = pid // CHUNKS
+        step = nprog // CHUNKS
+        c0 = rank * (tl.cdiv(tl.cdiv(V, BLOCK), CHUNKS) * BLOCK)
+        c1 = tl.minimum(V, c0 + tl.cdiv(tl.cdiv(V, BLOCK), CHUNKS) * BLOCK)
     inv_dw = tl.full((), 1.0, tl.float32)
     inv_dn = tl.full((), 1.0, tl.float32)
     if reduction == 1:
@@ -101,18 +132,19 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
         inv_dn = 1.0 / tl.load(den_ptr + 1)
     smoothing = label_smoothing > 0.0
     inv_cap = 1.0 / softcap
-    for row in range(pid, M, nprog):
+    for row in range(first, M, step):
         y = tl.load(target_ptr + row)
         x_row = x_ptr + row * x_stride
         g_row = grad_ptr + row * grad_stride
         if y == ignore_index:
             if write_grad != 0:
                 zero = tl.zeros((BLOCK,), dtype=gdtype)
-                for start in range(0, V, BLOCK):
+                for start in range(c0, c1, BLOCK):
                     cols = start + lanes
-                    tl.store(g_row + cols, zero, mask=cols < V, eviction_policy="evict_first")
-            tl.store(loss_ptr + row, 0.0 * inv_dw)
-            tl.store(z_ptr + row, 0.0 * inv_dn)
+                    tl.store(g_row + cols, zero, mask=cols < c1, eviction_policy="evict_first")
+            if rank == 0:
+                tl.store(loss_ptr + row, 0.0 * inv_dw)
+                tl.store(z_ptr + row, 0.0 * inv_dn)
         else:
             valid = (y >= 0) & (y < V)
             y_safe = tl.where(valid, y, 0)
@@ -126,17 +158,18 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
             x_y = tl.where(valid, x_y, float("nan"))
             w_y = tl.where(valid, w_y, float("nan"))
 
-            # Pass 1: online max and sum of exp (and the sums label smoothing needs); the
-            # row stays in L2 for pass 2 (evict_last).
+            # Pass 1: online max and sum of exp (and the sums label smoothing needs). A whole
+            # row is kept in L2 for pass 2 (evict_last); a chunk is re-read soon enough
+            # without the hint (with it 2 % slower: benchmarks/NOTES.md v8).
             m = -float("inf")
             d = 0.0
             sx = 0.0
             sw = 0.0
-            for start in range(0, V, BLOCK):
+            for start in range(c0, c1, BLOCK):
                 cols = start + lanes
-                mask = cols < V
+                mask = cols < c1
                 x = tl.load(x_row + cols, mask=mask, other=-float("inf"),
-                            eviction_policy="evict_last").to(tl.float32)
+                            eviction_policy=PASS1_POLICY).to(tl.float32)
                 if GENERAL:
                     if has_softcap != 0:
                         x = tl.where(mask, softcap * _tanh(x * inv_cap), -float("inf"))
@@ -151,6 +184,25 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
                 m2 = tl.where(m_new == -float("inf"), 0.0, m_new) * LOG2E
                 d = d * tl.exp2(m * LOG2E - m2) + tl.sum(tl.exp2(x * LOG2E - m2), axis=0)
                 m = m_new
+            if CHUNKS > 1:
+                # The cluster's programs combine their chunks' sums in the same order, so
+                # each gets the whole row's (bit for bit the same) lse.
+                part = part_ptr + row * (4 * CHUNKS)
+                tl.store(part + rank, m)
+                tl.store(part + CHUNKS + rank, d)
+                if GENERAL:
+                    tl.store(part + 2 * CHUNKS + rank, sx)
+                    tl.store(part + 3 * CHUNKS + rank, sw)
+                rank = _cluster_barrier(rank)
+                j = tl.arange(0, CHUNKS)
+                pm = tl.load(part + j, volatile=True)
+                m = tl.max(pm, axis=0)
+                m2 = tl.where(m == -float("inf"), 0.0, m) * LOG2E
+                d = tl.sum(tl.load(part + CHUNKS + j, volatile=True) * tl.exp2(pm * LOG2E - m2),
+                           axis=0)
+                if GENERAL:
+                    sx = tl.sum(tl.load(part + 2 * CHUNKS + j, volatile=True), axis=0)
+                    sw = tl.sum(tl.load(part + 3 * CHUNKS + j, volatile=True), axis=0)
             lse = m + tl.log(d)
 
             ce = w_y * (lse - x_y)
@@ -165,19 +217,20 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
             c_y = (1.0 - label_smoothing) * w_y * inv_dw
             z = lse_square_scale * lse * lse
             a = a + 2.0 * lse_square_scale * lse * inv_dn
-            tl.store(loss_ptr + row, ce * inv_dw + z * inv_dn)
-            tl.store(z_ptr + row, z * inv_dn)
+            if rank == 0:
+                tl.store(loss_ptr + row, ce * inv_dw + z * inv_dn)
+                tl.store(z_ptr + row, z * inv_dn)
 
             # Pass 2: re-read the row and write the gradient, last block first (the
             # blocks pass 1 read last are the likeliest still in L2); each thread reads its
             # elements before it overwrites them, so grad may be the logits' memory.
             if write_grad != 0:
                 lse2 = lse * LOG2E
-                nblk = tl.cdiv(V, BLOCK)
+                nblk = tl.cdiv(c1 - c0, BLOCK)
                 for i in range(0, nblk):
-                    start = (nblk - 1 - i) * BLOCK
+                    start = c0 + (nblk - 1 - i) * BLOCK
                     cols = start + lanes
-                    mask = cols < V
+                    mask = cols < c1
                     raw = tl.load(x_row + cols, mask=mask, other=0.0,
                                   eviction_policy="evict_first")
                     g = _grad_block(raw, lanes, start, y, lse2, a, c_y, c_w, softcap, inv_cap,
@@ -238,8 +291,9 @@ def cross_entropy_scale_kernel(src_ptr, dst_ptr, g_ptr, g_stride, src_stride, ds
 
 # Floor at Llama-3 shapes (8192 x 128256 bf16 logits, 2.10 GB; 4.2 TB/s copy bandwidth):
 # forward with the gradient = one read of the logits + one write of the gradient, 4.2 GB,
-# 1.0 ms if pass 2's re-read came from L2 (with 132 rows of 250 KB in flight and the
-# gradient writes passing through the 50 MB L2, most of it comes from DRAM); forward without
+# 1.0 ms if pass 2's re-read came from L2 (with one program per row, hundreds of 250 KB rows
+# in flight and the gradient writes passing through the 50 MB L2, a third of it comes from
+# DRAM; split over a cluster, a chunk's blocks are re-read microseconds later); forward without
 # the gradient 0.5 ms; the backward is one launch that returns at once for grad_output 1,
 # else one more read + write, 1.0 ms. The kernel is also near its instruction issue limit
 # (fewer programs than SMs run proportionally slower), so the element loops are kept lean:
@@ -247,16 +301,21 @@ def cross_entropy_scale_kernel(src_ptr, dst_ptr, g_ptr, g_stride, src_stride, ds
 # block with 32-bit lane numbers (benchmarks/NOTES.md v7: 23 -> 16 instructions an
 # element).
 #
-# Launch configurations for sm_90 (H200: 132 SMs, 50 MB L2), from the sweep of
-# benchmarks/tune_cross_entropy.py at 8192 x 128256 bf16.
-# fwd: per kind of variant and element size, (BLOCK, warps, programs per SM).
-#   plain: aligned, no weights / smoothing / softcap: the Llama training case. One row per
-#     program (PER_SM 64 covers 8192 rows) in 32 KB steps of 16 warps, pass 2 reversed:
-#     1.30-1.31 ms in benchmarks/probes/ce_l2.py (the same loops with 32 warps 1.30, 64 KB
-#     steps 1.38; a grid of one program per SM 1.35-1.67; forward pass 2 1.63), 75 % of copy
-#     bandwidth for the 4.2 GB floor. Earlier forms: 64 KB steps of 32 warps, pass 2
-#     forward, 1.46-1.48 ms; software prefetch of the next block 1.6-1.9 ms; loads
-#     pipelined through shared memory (cp.async or TMA, 3-4 stages) 1.41-4.5 ms.
+# Launch configurations for sm_90 (H200: 132 SMs, 50 MB L2), from the sweeps of
+# benchmarks/tune_cross_entropy.py and benchmarks/probes/ce_cluster.py at 8192 x 128256 bf16.
+# fwd: per kind of variant and element size, (BLOCK, warps, rows per SM[, CHUNKS, maxnreg]).
+#   plain: aligned, no weights / smoothing / softcap: the Llama training case. 16-bit: each
+#     row over a cluster of 8 programs of 4 warps (chunks of four 8 KB blocks, at most 64
+#     registers: 8 programs per SM), one row per cluster: 1.205 ms in ce_cluster.py against
+#     1.318 for the one-program-per-row form below (Nsight Compute: the split form reads
+#     2.25 GB from DRAM, the floor's 2.1, where one program per row reads 2.89 GB; both
+#     wait on memory at half occupancy). Without the register cap (96) 1.35 ms; 4 chunks of
+#     8192 x 8 warps 1.27-1.29; 16 KB blocks of 16 warps 1.84. fp32, and the 16-bit form
+#     before: one row per program (PER_SM 64 covers 8192 rows) in 32 KB steps of 16 warps,
+#     pass 2 reversed: 1.30-1.32 ms (ce_l2.py: 32 warps 1.30, 64 KB steps 1.38; a grid of
+#     one program per SM 1.35-1.67; pass 2 forward 1.63). Earlier forms: 64 KB steps of 32
+#     warps, pass 2 forward, 1.46-1.48 ms; software prefetch of the next block 1.6-1.9 ms;
+#     loads pipelined through shared memory (cp.async or TMA, 3-4 stages) 1.41-4.5 ms.
 #   unaligned (row length not a multiple of 16, or a misaligned pointer): scalar loads hold
 #     more registers; half the block.
 #   general: weights, smoothing or softcap hold several values per element: 16 KB steps.
@@ -271,7 +330,7 @@ LARGE = 1 << 17  # label of the large bucket (rows of any length)
 # which keep the sm_80 / sm_100 / sm_103 / sm_120 code from spilling; the rest as sm_90.
 _SM90 = {
     "small": {2: (1024, 4, 8), 4: (1024, 4, 8)},
-    "plain": {2: (16384, 16, 64), 4: (16384, 16, 64)},
+    "plain": {2: (4096, 4, 64, 8, 64), 4: (16384, 16, 64)},
     "unaligned": {2: (16384, 16, 64), 4: (8192, 16, 64)},
     "general": {2: (8192, 16, 64), 4: (4096, 16, 64)},
     "scale": (4096, 8, 8),
@@ -288,13 +347,13 @@ _ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
 _FWD_ARGS = ("x_ptr", "grad_ptr", "target_ptr", "weight_ptr", "den_ptr", "loss_ptr", "z_ptr",
              "x_stride", "grad_stride", "M", "V", "ignore_index", "label_smoothing",
              "lse_square_scale", "softcap", "has_weight", "has_softcap", "reduction",
-             "write_grad")
+             "write_grad", "part_ptr")
 _SCALE_ARGS = ("src_ptr", "dst_ptr", "g_ptr", "g_stride", "src_stride", "dst_stride", "M", "V",
                "in_place")
 _DEN_ARGS = ("target_ptr", "weight_ptr", "den_ptr", "N", "V", "ignore_index", "has_weight")
 _TYPES = {"target_ptr": "*i64", "weight_ptr": "*fp32", "den_ptr": "*fp32", "loss_ptr": "*fp32",
-          "z_ptr": "*fp32", "g_ptr": "*fp32", "x_stride": "i64", "grad_stride": "i64",
-          "src_stride": "i64", "dst_stride": "i64", "g_stride": "i64", "M": "i64", "N": "i64",
+          "z_ptr": "*fp32", "part_ptr": "*fp32", "g_ptr": "*fp32", "x_stride": "i64",
+          "grad_stride": "i64", "src_stride": "i64", "dst_stride": "i64", "g_stride": "i64", "M": "i64", "N": "i64",
           "V": "i32", "ignore_index": "i64", "label_smoothing": "fp32",
           "lse_square_scale": "fp32", "softcap": "fp32", "has_weight": "i32",
           "has_softcap": "i32", "reduction": "i32", "write_grad": "i32", "in_place": "i32"}
@@ -313,20 +372,23 @@ def variants(arch: int) -> list:
     out = []
     for dt in DTYPES:
         for aligned in (0, FLAG_ALIGNED):
-            def add(family, kernel, args, block, constexprs, warps, flags):
+            def add(family, kernel, args, block, constexprs, warps, flags, cluster=1,
+                    maxnreg=0):
                 sig = _signature(args, dt, constexprs)
                 extra = tuple(a for a in _ALIGNED_INTS if a in sig)
                 out.append(Variant(family=family, kernel=kernel, dtype=dt, block=block,
                                    signature=sig, constexprs=constexprs, num_warps=warps,
-                                   flags=flags, divisible_by_16=aligned_args(sig, flags, extra)))
+                                   flags=flags, divisible_by_16=aligned_args(sig, flags, extra),
+                                   cluster=cluster, maxnreg=maxnreg))
 
             for general in (0, FLAG_GENERAL):
                 kind = "general" if general else ("plain" if aligned else "unaligned")
                 for bucket, table in ((SMALL, cfg["small"]), (LARGE, cfg[kind])):
-                    block, warps, per_sm = table[_ELEM[dt]]
+                    block, warps, per_sm, chunks, maxnreg = (table[_ELEM[dt]] + (1, 0))[:5]
                     add("cross_entropy_fwd", "cross_entropy_fwd_kernel", _FWD_ARGS, bucket,
-                        {"BLOCK": block, "GENERAL": int(general != 0), "PER_SM": per_sm},
-                        warps, aligned | general)
+                        {"BLOCK": block, "GENERAL": int(general != 0), "PER_SM": per_sm,
+                         "CHUNKS": chunks},
+                        warps, aligned | general, chunks, maxnreg)
             block, warps, per_sm = cfg["scale"]
             add("cross_entropy_scale", "cross_entropy_scale_kernel", _SCALE_ARGS, block,
                 {"BLOCK": block, "PER_SM": per_sm}, warps, aligned)

@@ -1,6 +1,7 @@
 """What the cross-entropy probes share: bf16 logits with every 97th row ignored, the
-"mean" denominators on the device, the library's plain forward as the reference, and a
-timer that checks a kernel against it."""
+"mean" denominators on the device, the library's plain forward (with any config, launched
+like the C++ launcher does) and its sm_90 variant as the reference, and a timer that checks
+a kernel against it."""
 import os
 import sys
 
@@ -29,18 +30,36 @@ class Problem:
         self.floor = 2 * m * v * 2  # bytes: read the logits once, write the gradient once
         plain = [k for k in ce.variants(90) if k.family == "cross_entropy_fwd"
                  and k.dtype == "bf16" and k.block == ce.LARGE and k.flags == ce.FLAG_ALIGNED]
-        self.block, self.warps = plain[0].constexprs["BLOCK"], plain[0].num_warps
-        self.per_sm = plain[0].constexprs["PER_SM"]
+        cfg = plain[0]
+        self.block, self.warps = cfg.constexprs["BLOCK"], cfg.num_warps
+        self.library = self.forward(self.block, self.warps, cfg.constexprs["CHUNKS"],
+                                    min(m, cfg.constexprs["PER_SM"] * self.sms),
+                                    cfg.maxnreg or None)
         self.ref = None
 
-    def library(self, x):
-        """The library's plain aligned bf16 forward with its sm_90 variant on the grid the
-        C++ launcher gives it, gradient in place, reduction "mean"."""
+    def forward(self, block, warps, chunks, rows_at_once, maxnreg=None, cluster=True):
+        """The library's plain bf16 forward (gradient in place, reduction "mean") with the
+        given config, on a grid of rows_at_once x chunks programs (each group of chunks
+        walking rows r, r + rows_at_once, ...); a function of the logits, which also leaves
+        (registers, spills) in self.regs. With chunks > 1 it goes through Triton's
+        compiled-kernel launcher with the launch's cluster size set to chunks (the kernel is
+        compiled for one CTA a program either way); cluster=False launches the same grid
+        without clusters, so the chunks do not meet (wrong values: timing only)."""
         m, v = self.m, self.v
-        ce.cross_entropy_fwd_kernel[(min(m, self.per_sm * self.sms),)](
-            x, x, self.t, self.den, self.den, self.loss, self.z, v, v, m, v, -100, 0.0, 0.0,
-            1.0, 0, 0, 1, 1, BLOCK=self.block, GENERAL=0, PER_SM=self.per_sm,
-            num_warps=self.warps)
+        ctas = rows_at_once * chunks
+        part = torch.empty(m, 4 * chunks, device="cuda")
+        head = (self.t, self.den, self.den, self.loss, self.z, v, v, m, v, -100, 0.0, 0.0, 1.0,
+                0, 0, 1, 1, part)
+        k = ce.cross_entropy_fwd_kernel.warmup(self.x0, self.x0, *head, grid=(ctas,),
+                                               num_warps=warps, BLOCK=block, GENERAL=0,
+                                               PER_SM=1, CHUNKS=chunks, maxnreg=maxnreg)
+        k._init_handles()
+        grid = (ctas, 1, 1)
+        if chunks > 1 and cluster:
+            k.packed_metadata = (k.metadata.num_warps, chunks, k.metadata.shared)
+            grid = (rows_at_once, 1, 1)
+        self.regs = (k.n_regs, k.n_spills)
+        return lambda x: k[grid](x, x, *head, block, 0, 1, chunks)
 
     def copy(self):
         """Times a copy of the floor's bytes; prints it."""

@@ -52,7 +52,14 @@ def _ref_grad(x, t, kw, grad_out):
 
 # --- level 1: the Triton source under the interpreter ---------------------------------
 
-def _run_fwd_kernel(mod, x, t, w, kw, block, general, grid, in_place, write_grad=True):
+def _run_fwd_kernel(mod, x, t, w, kw, block, general, grid, in_place, write_grad=True,
+                    chunks=1):
+    """grid: programs (chunks == 1) or rows at once (chunks > 1: chunks programs a row).
+    With chunks > 1 the kernel runs twice, the first time without the gradient: the
+    interpreter runs programs one after another, so a program cannot wait at its meeting
+    for the rest of its row's (a cluster barrier on the GPU, a no-op here); the first
+    launch leaves every chunk's sums in part, and the second, which writes them again
+    identically, finds them all there."""
     n, v = x.shape
     red = {"none": 0, "mean": 1, "sum": 2}[kw["reduction"]]
     wt = (w if kw["weight"] is not None else torch.zeros(1)).float()
@@ -64,10 +71,13 @@ def _run_fwd_kernel(mod, x, t, w, kw, block, general, grid, in_place, write_grad
     loss, z = torch.full((n,), float("nan")), torch.full((n,), float("nan"))
     grad = x if in_place else torch.full_like(x, float("nan"))
     cap = kw["softcap"]
-    mod.cross_entropy_fwd_kernel[(grid,)](
-        x, grad, t, wt, den, loss, z, v, v, n, v, -100, kw["label_smoothing"],
-        kw["lse_square_scale"], cap or 1.0, int(kw["weight"] is not None), int(cap is not None),
-        red, int(write_grad), BLOCK=block, GENERAL=general, PER_SM=1)
+    part = torch.full((n, 4 * chunks), float("nan"))
+    for wg in ((0,) if chunks > 1 else ()) + (int(write_grad),):
+        mod.cross_entropy_fwd_kernel[(grid * chunks,)](
+            x, grad, t, wt, den, loss, z, v, v, n, v, -100, kw["label_smoothing"],
+            kw["lse_square_scale"], cap or 1.0, int(kw["weight"] is not None),
+            int(cap is not None), red, wg, part, BLOCK=block, GENERAL=general, PER_SM=1,
+            CHUNKS=chunks)
     if kw["reduction"] != "none":
         loss, z = loss.sum(), z.sum()
     return loss, z, grad
@@ -93,6 +103,33 @@ def test_interpreter_forward(dtype, option, reduction):
         assert_close(z, ref_z, torch.float32, factor=2, what="z")
         assert_close(grad, round_toward_zero(ref_g.float(), dtype), dtype, factor=2, what="grad")
         assert torch.equal(grad[1], torch.zeros(v, dtype=dtype))  # ignored row
+
+
+@pytest.mark.parametrize("option,reduction", [("plain", "mean"), ("zloss", "none"),
+                                              ("all", "mean"), ("all", "sum")])
+def test_interpreter_rows_split_into_chunks(option, reduction, monkeypatch):
+    """Each row split over CHUNKS programs, each covering whole blocks (100 columns in
+    blocks of 8: 4 chunks of 32, the last 4 long; 8 chunks of 16, the last empty), the
+    chunks' sums combined through part (see _run_fwd_kernel for the meeting), targets on
+    chunk edges, ignored rows, and rows walked by fewer clusters than rows."""
+    mod = load_triton_src("cross_entropy")
+    monkeypatch.setattr(mod, "_cluster_barrier", lambda rank: rank)
+    n, v, block = 9, 100, 8
+    x, t, w = _inputs(n, v, ignore=(1, 6), seed=5)
+    t[2:6] = torch.tensor([31, 32, 96, 99])
+    t[7:9] = torch.tensor([0, 95])
+    kw = _kwargs(option, w, reduction)
+    general = int(option not in ("plain", "zloss"))
+    ref_loss, ref_z = ref_cross_entropy(x, t, **kw)
+    ref_g = _ref_grad(x, t, kw, torch.ones_like(ref_loss))
+    for chunks, grid, in_place in ((4, n, True), (8, 4, False), (2, 3, True)):
+        x_in = x.clone()
+        loss, z, grad = _run_fwd_kernel(mod, x_in, t, w, kw, block, general, grid, in_place,
+                                        chunks=chunks)
+        assert_close(loss, ref_loss, torch.float32, factor=2, what=f"loss, {chunks} chunks")
+        assert_close(z, ref_z, torch.float32, factor=2, what=f"z, {chunks} chunks")
+        assert_close(grad, ref_g.float(), torch.float32, factor=2, what=f"grad, {chunks} chunks")
+        assert torch.equal(grad[1], torch.zeros(v))
 
 
 @pytest.mark.parametrize("option", ["plain", "all"])
@@ -613,6 +650,38 @@ def test_cuda_llama_shape_one_row_misaligned_non_contiguous(dtype):
     assert torch.equal(xt.detach(), x)
     assert_close(xt.grad, _ref_grad(x.cpu(), t.cpu(), dict(), torch.tensor(1.0)), dtype,
                  factor=3)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_rows_split_over_a_cluster(dtype):
+    """Where the plain 16-bit variant splits each row over a cluster of programs (sm_90: 8
+    chunks of whole 4096-column blocks), every split shape gives the reference: chunks left
+    empty (2064 columns: one block; 36880: four chunks of 8192, one of a block and 16
+    columns, three empty), targets on chunk and block edges, ignored rows, and more rows
+    than clusters at once (9000 rows of 2064: clusters walk several rows)."""
+    for n, v, edges in ((9000, 2064, (0, 2063, 2047, 2048)),
+                        (23, 36880, (0, 8191, 8192, 16383, 32767, 32768, 36864, 36879)),
+                        (9, 128256, (0, 16383, 16384, 114687, 128255))):
+        x, t, _ = _inputs(n, v, dtype, "cuda", ignore=(1, n - 2), seed=v)
+        t[2:2 + len(edges)] = torch.tensor(edges, device="cuda")
+        rows = sorted({0, 1, *range(2, 2 + len(edges)), n // 2, n - 2, n - 1})
+        xs, ts = x[rows].cpu(), t[rows].cpu()
+        for reduction in ("none", "mean"):
+            xa = x.clone().requires_grad_()
+            loss, z = fk.cross_entropy(xa, t, reduction=reduction, lse_square_scale=1e-3,
+                                       return_z_loss=True)
+            loss.backward(torch.ones_like(loss))
+            ref_loss, ref_z = ref_cross_entropy(x.cpu(), t.cpu(), reduction=reduction,
+                                                lse_square_scale=1e-3)
+            assert_close(loss, ref_loss, torch.float32, factor=2, what="loss")
+            assert_close(z, ref_z, torch.float32, factor=2, what="z")
+            ref_g = _ref_grad(xs, ts, dict(reduction="none", lse_square_scale=1e-3),
+                              torch.ones(len(rows)))
+            if reduction == "mean":  # p / N in the logits' dtype (fp16: subnormals)
+                ref_g = round_nearest(ref_g / (t != -100).sum().item(), dtype)
+            assert_close(xa.grad[rows], ref_g, dtype, factor=3, what="grad")
+            assert torch.equal(xa.grad[1].cpu(), torch.zeros(v, dtype=dtype))
 
 
 @pytest.mark.cuda
