@@ -125,19 +125,23 @@ CUDA_SHAPES = [(1,), (7,), (3, 257), (2, 3, 1000), (5, 4097), (8192, 14336)]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", CUDA_SHAPES)
 def test_cuda_matches_reference(dtype, shape):
+    # Random inputs: a tensor of one or a few elements can land below fp16's normal range,
+    # where a correctly rounded value is a few percent off; errors are measured against
+    # at least the smallest normal.
+    tiny = torch.finfo(dtype).tiny
     a = randn(*shape, dtype=dtype, device="cuda").requires_grad_()
     b = randn(*shape, dtype=dtype, device="cuda").requires_grad_()
     poison_cuda_cache()
     c = fk.swiglu(a, b)
     assert not torch.isnan(c).any(), "unwritten output elements"
-    assert_close(c, ref_swiglu(a, b), dtype)
+    assert_close(c, ref_swiglu(a, b), dtype, scale=tiny)
     dc = randn(*shape, dtype=dtype, device="cuda")
     poison_cuda_cache()
     c.backward(dc)
     assert not torch.isnan(a.grad).any() and not torch.isnan(b.grad).any()
     ga, gb = ref_grads(_silu_mul, [a, b], dc)
-    assert_close(a.grad, ga, dtype, factor=2, what="da")
-    assert_close(b.grad, gb, dtype, factor=2, what="db")
+    assert_close(a.grad, ga, dtype, factor=2, what="da", scale=tiny)
+    assert_close(b.grad, gb, dtype, factor=2, what="db", scale=tiny)
 
 
 @pytest.mark.cuda
