@@ -123,8 +123,9 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
         rank = (pid % CHUNKS).to(tl.int32)
         first = pid // CHUNKS
         step = nprog // CHUNKS
-        c0 = rank * (tl.cdiv(tl.cdiv(V, BLOCK), CHUNKS) * BLOCK)
-        c1 = tl.minimum(V, c0 + tl.cdiv(tl.cdiv(V, BLOCK), CHUNKS) * BLOCK)
+        span = tl.cdiv(tl.cdiv(V, BLOCK), CHUNKS) * BLOCK
+        c0 = rank * span
+        c1 = tl.minimum(V, c0 + span)
     inv_dw = tl.full((), 1.0, tl.float32)
     inv_dn = tl.full((), 1.0, tl.float32)
     if reduction == 1:
