@@ -28,12 +28,13 @@ Kernels:
                              Program c of a row covers its chunk c (cdiv(cdiv(V, BLOCK),
                              CHUNKS) blocks; CHUNKS 1: the whole row). Pass 1 reads the
                              chunk once (online max / sum of exp); with CHUNKS > 1 the row's
-                             programs, launched as one thread-block cluster, then meet once
-                             (hardware cluster barrier) to combine their chunks' sums through
-                             part; pass 2 re-reads the chunk last block first (its tail still
-                             in L2) and writes the gradient. The gradient may be the logits'
-                             own memory: every element is read before the same thread
-                             overwrites it, and x_y is read before the meeting.
+                             programs, launched as one thread-block cluster, exchange
+                             their chunks' sums through distributed shared memory at one
+                             hardware cluster barrier and each combines them in the same
+                             order; pass 2 re-reads the chunk last block first (its
+                             tail still in L2) and writes the gradient. The gradient may be
+                             the logits' own memory: every element is read before the same
+                             thread overwrites it, and x_y is read before the meeting.
   cross_entropy_den_kernel   D_w and D_n: programs over blocks of targets, each adding its
                              partial sums to the zeroed den atomically.
   cross_entropy_scale_kernel dst = src * grad_output (a scalar, or one value per row); in
@@ -61,13 +62,72 @@ def _tanh(u):
 
 
 @triton.jit
-def _cluster_barrier(x):
-    """Returns x once every thread of every program in this program's thread-block cluster
-    has arrived here: their earlier memory writes (release) are visible to the reads that
-    follow (acquire). A program launched without a cluster is a cluster of one."""
-    return tl.inline_asm_elementwise(
-        "barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\nmov.b32 $0, $1;",
-        "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
+def _cluster_arrive(x):
+    """Returns x; this program has started (arrives at the cluster barrier without memory
+    ordering). Its _cluster_exchange with first != 0 waits for the whole cluster's."""
+    return tl.inline_asm_elementwise("barrier.cluster.arrive.relaxed;\nmov.b32 $0, $1;", "=r,r",
+                                     [x], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.constexpr_function
+def _exchange_asm(chunks, values):
+    """PTX for _cluster_exchange. Operands: outputs $0 .. $(n - 1), n = values x chunks;
+    inputs: the values, the slot's byte offset, first."""
+    n = values * chunks
+    lines = ["{", f".shared .align 16 .f32 fk_ce_sums[{2 * n}];",
+             ".reg .b32 %fk_a, %fk_r, %fk_o;", ".reg .pred %fk_p;",
+             f"setp.ne.u32 %fk_p, ${n + values + 1}, 0;",
+             "@%fk_p barrier.cluster.wait.acquire;",
+             "mov.u32 %fk_a, fk_ce_sums;", f"add.u32 %fk_a, %fk_a, ${n + values};",
+             "mov.u32 %fk_o, %cluster_ctarank;", "shl.b32 %fk_o, %fk_o, 2;",
+             "mov.u32 %fk_r, %tid.x;", "setp.eq.u32 %fk_p, %fk_r, 0;"]
+    for j in range(chunks):
+        lines += [f"mapa.shared::cluster.u32 %fk_r, %fk_a, {j};", "add.u32 %fk_r, %fk_r, %fk_o;"]
+        lines += [f"@%fk_p st.shared::cluster.f32 [%fk_r+{4 * v * chunks}], ${n + v};"
+                  for v in range(values)]
+    lines += ["barrier.cluster.arrive.release;", "barrier.cluster.wait.acquire;"]
+    lines += [f"ld.shared.f32 ${k}, [%fk_a+{4 * k}];" for k in range(n)]
+    return "\n".join(lines + ["}"])
+
+
+@triton.constexpr_function
+def _exchange_constraints(chunks, values):
+    return ",".join(["=f"] * (values * chunks) + ["f"] * values + ["r", "r"])
+
+
+@triton.constexpr_function
+def _exchange_dtypes(chunks, values):
+    return (tl.float32, ) * (values * chunks)
+
+
+@triton.jit
+def _cluster_exchange(row, rank, m, d, sx, sw, slot, first, CHUNKS: tl.constexpr,
+                      GENERAL: tl.constexpr):
+    """The sums (m, d, and with GENERAL sx, sw) of every program of this program's
+    thread-block cluster of CHUNKS, flat: value v of the program of cluster rank j (= pid %
+    CHUNKS) at v * CHUNKS + j. row and rank name the exchange for emulations; the hardware
+    needs neither.
+
+    Each program's first thread stores its sums into slot `slot` (0 or 1, alternating
+    from one exchange of the program to the next) of every program's shared memory
+    (distributed shared memory), the cluster meets once at a hardware barrier (release /
+    acquire), and each program reads the gathered sums from its own shared memory:
+      - a slot is written again two exchanges later, by programs that have passed the
+        meeting of the exchange in between, which every program reaches only after reading;
+      - no program writes into another's shared memory after a meeting that the other
+        waits for, so a program may leave right after its last exchange;
+      - the first exchange (first != 0) waits until every program of the cluster has
+        started (_cluster_arrive at its start) before writing into their memory."""
+    VALUES: tl.constexpr = 4 if GENERAL else 2
+    if GENERAL:
+        args = [m, d, sx, sw]
+    else:
+        args = [m, d]
+    off = slot * (4 * VALUES * CHUNKS)
+    return tl.inline_asm_elementwise(_exchange_asm(CHUNKS, VALUES),
+                                     _exchange_constraints(CHUNKS, VALUES),
+                                     args + [off, first], dtype=_exchange_dtypes(CHUNKS, VALUES),
+                                     is_pure=False, pack=1)
 
 
 @triton.jit
@@ -103,7 +163,7 @@ def _grad_block(raw, lanes, start, y, lse2, a, c_y, c_w, softcap, inv_cap, weigh
 def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, loss_ptr, z_ptr,
                              x_stride, grad_stride, M, V, ignore_index, label_smoothing,
                              lse_square_scale, softcap, has_weight, has_softcap, reduction,
-                             write_grad, part_ptr, BLOCK: tl.constexpr,
+                             write_grad, BLOCK: tl.constexpr,
                              GENERAL: tl.constexpr, PER_SM: tl.constexpr,
                              CHUNKS: tl.constexpr):
     gdtype = grad_ptr.dtype.element_ty
@@ -133,6 +193,9 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
         inv_dn = 1.0 / tl.load(den_ptr + 1)
     smoothing = label_smoothing > 0.0
     inv_cap = 1.0 / softcap
+    exchanges = 0  # this program's exchanges so far (CHUNKS > 1)
+    if CHUNKS > 1:
+        rank = _cluster_arrive(rank)
     for row in range(first, M, step):
         y = tl.load(target_ptr + row)
         x_row = x_ptr + row * x_stride
@@ -188,22 +251,22 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
             if CHUNKS > 1:
                 # The cluster's programs combine their chunks' sums in the same order, so
                 # each gets the whole row's (bit for bit the same) lse.
-                part = part_ptr + row * (4 * CHUNKS)
-                tl.store(part + rank, m)
-                tl.store(part + CHUNKS + rank, d)
-                if GENERAL:
-                    tl.store(part + 2 * CHUNKS + rank, sx)
-                    tl.store(part + 3 * CHUNKS + rank, sw)
-                rank = _cluster_barrier(rank)
-                j = tl.arange(0, CHUNKS)
-                pm = tl.load(part + j, volatile=True)
-                m = tl.max(pm, axis=0)
+                sums = _cluster_exchange(row, rank, m, d, sx, sw, exchanges % 2,
+                                         (exchanges == 0).to(tl.int32), CHUNKS, GENERAL)
+                exchanges += 1
+                m = sums[0]
+                for j in tl.static_range(1, CHUNKS):
+                    m = tl.maximum(m, sums[j])
                 m2 = tl.where(m == -float("inf"), 0.0, m) * LOG2E
-                d = tl.sum(tl.load(part + CHUNKS + j, volatile=True) * tl.exp2(pm * LOG2E - m2),
-                           axis=0)
+                d = sums[CHUNKS] * tl.exp2(sums[0] * LOG2E - m2)
+                for j in tl.static_range(1, CHUNKS):
+                    d += sums[CHUNKS + j] * tl.exp2(sums[j] * LOG2E - m2)
                 if GENERAL:
-                    sx = tl.sum(tl.load(part + 2 * CHUNKS + j, volatile=True), axis=0)
-                    sw = tl.sum(tl.load(part + 3 * CHUNKS + j, volatile=True), axis=0)
+                    sx = sums[2 * CHUNKS]
+                    sw = sums[3 * CHUNKS]
+                    for j in tl.static_range(1, CHUNKS):
+                        sx += sums[2 * CHUNKS + j]
+                        sw += sums[3 * CHUNKS + j]
             lse = m + tl.log(d)
 
             ce = w_y * (lse - x_y)
@@ -311,7 +374,10 @@ def cross_entropy_scale_kernel(src_ptr, dst_ptr, g_ptr, g_stride, src_stride, ds
 #     1.318 for the one-program-per-row form below (Nsight Compute: the split form reads
 #     2.25 GB from DRAM, the floor's 2.1, where one program per row reads 2.89 GB; both
 #     wait on memory at half occupancy). Without the register cap (96) 1.35 ms; 4 chunks of
-#     8192 x 8 warps 1.27-1.29; 16 KB blocks of 16 warps 1.84. fp32, and the 16-bit form
+#     8192 x 8 warps 1.27-1.29; 16 KB blocks of 16 warps 1.84. The chunks' sums pushed
+#     through distributed shared memory at one barrier: 1.168 ms in ce_exchange.py, against
+#     1.180 through a global buffer and 1.20-1.21 with a second barrier (every extra wait is
+#     paid in each of about 62 waves of 19 us programs). fp32, and the 16-bit form
 #     before: one row per program (PER_SM 64 covers 8192 rows) in 32 KB steps of 16 warps,
 #     pass 2 reversed: 1.30-1.32 ms (ce_l2.py: 32 warps 1.30, 64 KB steps 1.38; a grid of
 #     one program per SM 1.35-1.67; pass 2 forward 1.63). Earlier forms: 64 KB steps of 32
@@ -348,12 +414,12 @@ _ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
 _FWD_ARGS = ("x_ptr", "grad_ptr", "target_ptr", "weight_ptr", "den_ptr", "loss_ptr", "z_ptr",
              "x_stride", "grad_stride", "M", "V", "ignore_index", "label_smoothing",
              "lse_square_scale", "softcap", "has_weight", "has_softcap", "reduction",
-             "write_grad", "part_ptr")
+             "write_grad")
 _SCALE_ARGS = ("src_ptr", "dst_ptr", "g_ptr", "g_stride", "src_stride", "dst_stride", "M", "V",
                "in_place")
 _DEN_ARGS = ("target_ptr", "weight_ptr", "den_ptr", "N", "V", "ignore_index", "has_weight")
 _TYPES = {"target_ptr": "*i64", "weight_ptr": "*fp32", "den_ptr": "*fp32", "loss_ptr": "*fp32",
-          "z_ptr": "*fp32", "part_ptr": "*fp32", "g_ptr": "*fp32", "x_stride": "i64",
+          "z_ptr": "*fp32", "g_ptr": "*fp32", "x_stride": "i64",
           "grad_stride": "i64", "src_stride": "i64", "dst_stride": "i64", "g_stride": "i64", "M": "i64", "N": "i64",
           "V": "i32", "ignore_index": "i64", "label_smoothing": "fp32",
           "lse_square_scale": "fp32", "softcap": "fp32", "has_weight": "i32",

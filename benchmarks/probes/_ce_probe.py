@@ -37,25 +37,23 @@ class Problem:
                                     cfg.maxnreg or None)
         self.ref = None
 
-    def forward(self, block, warps, chunks, rows_at_once, maxnreg=None, cluster=True):
+    def forward(self, block, warps, chunks, rows_at_once, maxnreg=None):
         """The library's plain bf16 forward (gradient in place, reduction "mean") with the
         given config, on a grid of rows_at_once x chunks programs (each group of chunks
         walking rows r, r + rows_at_once, ...); a function of the logits, which also leaves
         (registers, spills) in self.regs. With chunks > 1 it goes through Triton's
         compiled-kernel launcher with the launch's cluster size set to chunks (the kernel is
-        compiled for one CTA a program either way); cluster=False launches the same grid
-        without clusters, so the chunks do not meet (wrong values: timing only)."""
+        compiled for one CTA a program either way)."""
         m, v = self.m, self.v
         ctas = rows_at_once * chunks
-        part = torch.empty(m, 4 * chunks, device="cuda")
         head = (self.t, self.den, self.den, self.loss, self.z, v, v, m, v, -100, 0.0, 0.0, 1.0,
-                0, 0, 1, 1, part)
+                0, 0, 1, 1)
         k = ce.cross_entropy_fwd_kernel.warmup(self.x0, self.x0, *head, grid=(ctas,),
                                                num_warps=warps, BLOCK=block, GENERAL=0,
                                                PER_SM=1, CHUNKS=chunks, maxnreg=maxnreg)
         k._init_handles()
         grid = (ctas, 1, 1)
-        if chunks > 1 and cluster:
+        if chunks > 1:
             k.packed_metadata = (k.metadata.num_warps, chunks, k.metadata.shared)
             grid = (rows_at_once, 1, 1)
         self.regs = (k.n_regs, k.n_spills)

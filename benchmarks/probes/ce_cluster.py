@@ -8,11 +8,11 @@ traffic (mostly misses).
 
 The launch goes through Triton's compiled-kernel launcher with its cluster size set to
 CHUNKS (the kernel itself is compiled for one CTA per program; program_id is the CTA's).
-"nocluster" rows launch the same kernel without clusters: the barrier then only spans the
-program, so the values are wrong (timing only: the cost of the meeting). "k/SM" rows run k
-programs per SM (k x SMs / CHUNKS rows at once, each cluster walking rows); "row/cluster"
-rows one cluster per row. The reference is the library's sm_90 config (the one-program-per-
-row form when the sweeps ran: results/h200_probe_ce_cluster*.log).
+"k/SM" rows run k programs per SM (k x SMs / CHUNKS rows at once, each cluster walking
+rows); "row/cluster" rows one cluster per row. The reference is the library's sm_90 config
+(the one-program-per-row form when the sweeps of results/h200_probe_ce_cluster*.log ran,
+whose chunks met through a global buffer; they exchange through distributed shared memory
+since benchmarks/NOTES.md v9).
 
     python benchmarks/probes/ce_cluster.py [--rows 8192] [--vocab 128256] [--fine 1|2|3]
 """
@@ -40,10 +40,10 @@ def main():
     m, v = args.rows, args.vocab
     p = Problem(m, v, width=60)
 
-    def clustered(block, warps, chunks, per_sm, maxnreg=None, cluster=True):
+    def clustered(block, warps, chunks, per_sm, maxnreg=None):
         """per_sm: programs per SM (rows at once: per_sm x SMs / chunks); 0: a row each."""
         fn = p.forward(block, warps, chunks,
-                       m if per_sm == 0 else min(m, per_sm * p.sms // chunks), maxnreg, cluster)
+                       m if per_sm == 0 else min(m, per_sm * p.sms // chunks), maxnreg)
         print(f"  ({p.regs[0]} registers, {p.regs[1]} spills)")
         return fn
 
@@ -84,10 +84,6 @@ def main():
                     print(f"{name:60s} failed: {type(e).__name__}: {str(e)[:120]}")
                     continue
                 p.check(name, fn)
-    for block, warps, chunks in ((16384, 16, 8), (8192, 8, 4)):
-        p.report(f"nocluster {chunks} chunks, {block} x {warps} w",
-                 clustered(block, warps, chunks, 0, 64, cluster=False))
-
 
 if __name__ == "__main__":
     main()

@@ -52,14 +52,34 @@ def _ref_grad(x, t, kw, grad_out):
 
 # --- level 1: the Triton source under the interpreter ---------------------------------
 
+class _ClusterSums:
+    """Stands in for _cluster_exchange under the interpreter, which runs programs one after
+    another, so a program cannot wait at the meeting for the rest of its cluster: each call
+    keeps the caller's sums under (row, rank) and returns the sums kept for every rank of
+    that row (NaN where none are kept yet), flat as the kernel expects. (The hardware's
+    slot and first arguments have no meaning here.)"""
+
+    def __init__(self):
+        self.kept = {}
+
+    def __call__(self, row, rank, m, d, sx, sw, slot, first, chunks, general):
+        def key(t):
+            return int(t.handle.data.item()) if hasattr(t, "handle") else int(t)
+
+        chunks, general = getattr(chunks, "value", chunks), getattr(general, "value", general)
+        values = (m, d, sx, sw) if general else (m, d)
+        self.kept[key(row), key(rank)] = values
+        missing = (float("nan"),) * len(values)
+        return tuple(self.kept.get((key(row), j), missing)[k]
+                     for k in range(len(values)) for j in range(chunks))
+
+
 def _run_fwd_kernel(mod, x, t, w, kw, block, general, grid, in_place, write_grad=True,
                     chunks=1):
     """grid: programs (chunks == 1) or rows at once (chunks > 1: chunks programs a row).
-    With chunks > 1 the kernel runs twice, the first time without the gradient: the
-    interpreter runs programs one after another, so a program cannot wait at its meeting
-    for the rest of its row's (a cluster barrier on the GPU, a no-op here); the first
-    launch leaves every chunk's sums in part, and the second, which writes them again
-    identically, finds them all there."""
+    With chunks > 1 the cluster exchange is emulated (_ClusterSums) and the kernel runs
+    twice, the first time without the gradient: the first launch leaves every chunk's sums
+    behind, and the second, which keeps them again identically, finds them all."""
     n, v = x.shape
     red = {"none": 0, "mean": 1, "sum": 2}[kw["reduction"]]
     wt = (w if kw["weight"] is not None else torch.zeros(1)).float()
@@ -71,12 +91,11 @@ def _run_fwd_kernel(mod, x, t, w, kw, block, general, grid, in_place, write_grad
     loss, z = torch.full((n,), float("nan")), torch.full((n,), float("nan"))
     grad = x if in_place else torch.full_like(x, float("nan"))
     cap = kw["softcap"]
-    part = torch.full((n, 4 * chunks), float("nan"))
     for wg in ((0,) if chunks > 1 else ()) + (int(write_grad),):
         mod.cross_entropy_fwd_kernel[(grid * chunks,)](
             x, grad, t, wt, den, loss, z, v, v, n, v, -100, kw["label_smoothing"],
             kw["lse_square_scale"], cap or 1.0, int(kw["weight"] is not None),
-            int(cap is not None), red, wg, part, BLOCK=block, GENERAL=general, PER_SM=1,
+            int(cap is not None), red, wg, BLOCK=block, GENERAL=general, PER_SM=1,
             CHUNKS=chunks)
     if kw["reduction"] != "none":
         loss, z = loss.sum(), z.sum()
@@ -110,10 +129,11 @@ def test_interpreter_forward(dtype, option, reduction):
 def test_interpreter_rows_split_into_chunks(option, reduction, monkeypatch):
     """Each row split over CHUNKS programs, each covering whole blocks (100 columns in
     blocks of 8: 4 chunks of 32, the last 4 long; 8 chunks of 16, the last empty), the
-    chunks' sums combined through part (see _run_fwd_kernel for the meeting), targets on
-    chunk edges, ignored rows, and rows walked by fewer clusters than rows."""
+    chunks' sums exchanged in an emulation of the cluster (see _run_fwd_kernel), targets
+    on chunk edges, ignored rows, and rows walked by fewer clusters than rows."""
     mod = load_triton_src("cross_entropy")
-    monkeypatch.setattr(mod, "_cluster_barrier", lambda rank: rank)
+    monkeypatch.setattr(mod, "_cluster_exchange", _ClusterSums())
+    monkeypatch.setattr(mod, "_cluster_arrive", lambda rank: rank)
     n, v, block = 9, 100, 8
     x, t, w = _inputs(n, v, ignore=(1, 6), seed=5)
     t[2:6] = torch.tensor([31, 32, 96, 99])
@@ -659,7 +679,9 @@ def test_cuda_rows_split_over_a_cluster(dtype):
     chunks of whole 4096-column blocks), every split shape gives the reference: chunks left
     empty (2064 columns: one block; 36880: four chunks of 8192, one of a block and 16
     columns, three empty), targets on chunk and block edges, ignored rows, and more rows
-    than clusters at once (9000 rows of 2064: clusters walk several rows)."""
+    than clusters at once (9000 rows of 2064 on 132 SMs: 8448 clusters, 552 of them walk a
+    second row, exchanging through the other slot; row 1 is ignored, so its cluster's first
+    exchange is at its second row)."""
     for n, v, edges in ((9000, 2064, (0, 2063, 2047, 2048)),
                         (23, 36880, (0, 8191, 8192, 16383, 32767, 32768, 36864, 36879)),
                         (9, 128256, (0, 16383, 16384, 114687, 128255))):

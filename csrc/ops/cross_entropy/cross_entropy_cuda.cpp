@@ -59,18 +59,17 @@ void cross_entropy_rows_cuda(const at::Tensor& logits, const at::Tensor& grad,
   const uint32_t flags = (aligned ? runtime::kFlagAligned : 0) | (general ? kFlagGeneral : 0);
   static const auto& fam = runtime::family("cross_entropy_fwd");
   const auto& k = fam.pick(op, logits, std::min(v, fam.max_block(logits)), flags);
-  // CHUNKS > 1: each row is split over a cluster of CHUNKS programs that meet once to
-  // combine their chunks' sums in part (4 floats a chunk); PER_SM counts rows (clusters).
+  // CHUNKS > 1: each row is split over a cluster of CHUNKS programs that exchange their
+  // chunks' sums through distributed shared memory; PER_SM counts rows (clusters).
   const int64_t chunks = k.constexpr_value("CHUNKS");
   const int64_t rows_at_once = std::min(m, sm_count(logits) * k.constexpr_value("PER_SM"));
-  at::Tensor part = chunks > 1 ? at::empty({m, 4 * chunks}, loss_rows.options()) : loss_rows;
   KernelArgs args;
   args.ptr(logits).ptr(g).ptr(target).ptr(weight.defined() ? weight : loss_rows)
       .ptr(den.defined() ? den : loss_rows).ptr(loss_rows).ptr(z_rows)
       .i64(logits.stride(0)).i64(g.stride(0)).i64(m).i32(v).i64(o.ignore_index)
       .f32(o.label_smoothing).f32(o.lse_square_scale).f32(o.softcap.value_or(1.0))
       .i32(weight.defined() ? 1 : 0).i32(o.softcap.has_value() ? 1 : 0)
-      .i32(static_cast<int>(o.reduction)).i32(write_grad ? 1 : 0).ptr(part);
+      .i32(static_cast<int>(o.reduction)).i32(write_grad ? 1 : 0);
   runtime::launch(op, k, logits.device(), {rows_at_once * chunks, 1, 1}, args);
 }
 
