@@ -82,8 +82,9 @@ _BODIES = {
 # The barrier after the row loop (the wait that pairs with an arrive left open, or a full one).
 _AFTER_LOOP = {"early": "barrier.cluster.wait.acquire;", "relaxed": "barrier.cluster.wait.acquire;",
                "slots": "barrier.cluster.arrive.release;\\nbarrier.cluster.wait.acquire;"}
-_LOOP_END = '''                    tl.store(g_row + cols, g.to(gdtype), mask=mask, eviction_policy="evict_first")
-'''
+# The last line of the forward kernel's row loop (the pass-2 store).
+_LOOP_END = (" " * 20 + 'tl.store(g_row + cols, g.to(gdtype), mask=mask, '
+             'eviction_policy="evict_first")\n')
 
 
 def _form(name, src, tmp):
