@@ -162,8 +162,8 @@ def _grad_block(raw, lanes, start, y, lse2, a, c_y, c_w, softcap, inv_cap, weigh
 @triton.jit
 def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, loss_ptr, z_ptr,
                              x_stride, grad_stride, M, V, ignore_index, label_smoothing,
-                             lse_square_scale, softcap, has_weight, has_softcap, reduction,
-                             write_grad, BLOCK: tl.constexpr,
+                             lse_square_scale, softcap, has_weight, has_softcap, write_grad,
+                             BLOCK: tl.constexpr,
                              GENERAL: tl.constexpr, PER_SM: tl.constexpr,
                              CHUNKS: tl.constexpr):
     gdtype = grad_ptr.dtype.element_ty
@@ -186,11 +186,11 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
         span = tl.cdiv(tl.cdiv(V, BLOCK), CHUNKS) * BLOCK
         c0 = rank * span
         c1 = tl.minimum(V, c0 + span)
-    inv_dw = tl.full((), 1.0, tl.float32)
-    inv_dn = tl.full((), 1.0, tl.float32)
-    if reduction == 1:
-        inv_dw = 1.0 / tl.load(den_ptr)
-        inv_dn = 1.0 / tl.load(den_ptr + 1)
+    # den holds (D_w, D_n), ones unless the reduction is "mean". Loaded unconditionally: a
+    # branch on the reduction left the sm_90 split variant two spill slots under its
+    # 64-register cap and 2.6 % slower (benchmarks/NOTES.md v9).
+    inv_dw = 1.0 / tl.load(den_ptr)
+    inv_dn = 1.0 / tl.load(den_ptr + 1)
     smoothing = label_smoothing > 0.0
     inv_cap = 1.0 / softcap
     exchanges = 0  # this program's exchanges so far (CHUNKS > 1)
@@ -413,8 +413,7 @@ _ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 _FWD_ARGS = ("x_ptr", "grad_ptr", "target_ptr", "weight_ptr", "den_ptr", "loss_ptr", "z_ptr",
              "x_stride", "grad_stride", "M", "V", "ignore_index", "label_smoothing",
-             "lse_square_scale", "softcap", "has_weight", "has_softcap", "reduction",
-             "write_grad")
+             "lse_square_scale", "softcap", "has_weight", "has_softcap", "write_grad")
 _SCALE_ARGS = ("src_ptr", "dst_ptr", "g_ptr", "g_stride", "src_stride", "dst_stride", "M", "V",
                "in_place")
 _DEN_ARGS = ("target_ptr", "weight_ptr", "den_ptr", "N", "V", "ignore_index", "has_weight")
@@ -423,7 +422,7 @@ _TYPES = {"target_ptr": "*i64", "weight_ptr": "*fp32", "den_ptr": "*fp32", "loss
           "grad_stride": "i64", "src_stride": "i64", "dst_stride": "i64", "g_stride": "i64", "M": "i64", "N": "i64",
           "V": "i32", "ignore_index": "i64", "label_smoothing": "fp32",
           "lse_square_scale": "fp32", "softcap": "fp32", "has_weight": "i32",
-          "has_softcap": "i32", "reduction": "i32", "write_grad": "i32", "in_place": "i32"}
+          "has_softcap": "i32", "write_grad": "i32", "in_place": "i32"}
 # Integer arguments that are multiples of 16 in an aligned variant (row lengths, strides).
 _ALIGNED_INTS = ("x_stride", "grad_stride", "src_stride", "dst_stride", "V")
 

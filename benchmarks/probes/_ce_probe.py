@@ -47,7 +47,7 @@ class Problem:
         m, v = self.m, self.v
         ctas = rows_at_once * chunks
         head = (self.t, self.den, self.den, self.loss, self.z, v, v, m, v, -100, 0.0, 0.0, 1.0,
-                0, 0, 1, 1)
+                0, 0, 1)
         k = ce.cross_entropy_fwd_kernel.warmup(self.x0, self.x0, *head, grid=(ctas,),
                                                num_warps=warps, BLOCK=block, GENERAL=0,
                                                PER_SM=1, CHUNKS=chunks, maxnreg=maxnreg)

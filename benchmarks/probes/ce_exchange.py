@@ -20,8 +20,8 @@ the row loop; the forms are built from triton_src/cross_entropy.py's text at run
   slots    as read2 without its second barrier (two slots used in turn), one full barrier
            after the row loop
   lanes    as library, lanes 0 .. 7 of the first warp each storing into one program
-  --old PATH also times an earlier kernel source with a global buffer argument of the
-           chunks' sums (8192 x 32 floats) after write_grad, e.g. the v8 one:
+  --old PATH also times an earlier kernel source taking a reduction flag before write_grad
+           and a global buffer of the chunks' sums (8192 x 32 floats) after it, e.g. v8's:
            git show b1c85f2:triton_src/cross_entropy.py > /tmp/ce_v8.py
 
 Each form runs in rotating order, --rounds times (do_bench, L2 flushed before each call),
@@ -120,25 +120,26 @@ def main():
     p = Problem(ROWS, 128256, width=50)
     block, warps, maxnreg = p.block, p.warps, 64
     v = p.v
-    head = (p.t, p.den, p.den, p.loss, p.z, v, v, ROWS, v, -100, 0.0, 0.0, 1.0, 0, 0, 1, 1)
+    head = (p.t, p.den, p.den, p.loss, p.z, v, v, ROWS, v, -100, 0.0, 0.0, 1.0, 0, 0, 1)
 
-    def launcher(mod, extra=()):
+    def launcher(mod, args=head):
         """mod's plain forward on ROWS clusters of CHUNKS programs (one row each), launched
-        like Problem.forward does."""
+        like Problem.forward does; args: the arguments after the two logits pointers."""
         k = mod.cross_entropy_fwd_kernel.warmup(
-            p.x0, p.x0, *head, *extra, grid=(ROWS * CHUNKS,), num_warps=warps, BLOCK=block,
+            p.x0, p.x0, *args, grid=(ROWS * CHUNKS,), num_warps=warps, BLOCK=block,
             GENERAL=0, PER_SM=1, CHUNKS=CHUNKS, maxnreg=maxnreg)
         k._init_handles()
         k.packed_metadata = (k.metadata.num_warps, CHUNKS, k.metadata.shared)
-        return lambda x: k[(ROWS, 1, 1)](x, x, *head, *extra, block, 0, 1, CHUNKS)
+        return lambda x: k[(ROWS, 1, 1)](x, x, *args, block, 0, 1, CHUNKS)
 
     src = open(ce.__file__).read()
     with tempfile.TemporaryDirectory() as tmp:
         forms = [(name, launcher(_form(name, src, tmp))) for name in _BODIES]
         if args.old:
+            # v8's arguments: a reduction flag (1: "mean") before write_grad, the buffer after.
             sums = torch.empty(ROWS, 4 * CHUNKS, device="cuda")
-            forms.append(("old: global buffer",
-                          launcher(_load("ce_exchange_old", open(args.old).read(), tmp), (sums,))))
+            old = _load("ce_exchange_old", open(args.old).read(), tmp)
+            forms.append(("old: global buffer", launcher(old, head[:-1] + (1, 1, sums))))
         p.copy()
         p.reference()
         for r in range(args.rounds):

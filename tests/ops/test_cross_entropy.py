@@ -81,10 +81,9 @@ def _run_fwd_kernel(mod, x, t, w, kw, block, general, grid, in_place, write_grad
     twice, the first time without the gradient: the first launch leaves every chunk's sums
     behind, and the second, which keeps them again identically, finds them all."""
     n, v = x.shape
-    red = {"none": 0, "mean": 1, "sum": 2}[kw["reduction"]]
     wt = (w if kw["weight"] is not None else torch.zeros(1)).float()
-    den = torch.full((2,), float("nan"))
-    if red == 1:
+    den = torch.ones(2)  # (D_w, D_n): ones unless the reduction is "mean"
+    if kw["reduction"] == "mean":
         den = torch.zeros(2)  # the programs add into it
         mod.cross_entropy_den_kernel[(2,)](t, wt, den, n, v, -100, int(kw["weight"] is not None),
                                            BLOCK=4, PER_SM=1)
@@ -95,7 +94,7 @@ def _run_fwd_kernel(mod, x, t, w, kw, block, general, grid, in_place, write_grad
         mod.cross_entropy_fwd_kernel[(grid * chunks,)](
             x, grad, t, wt, den, loss, z, v, v, n, v, -100, kw["label_smoothing"],
             kw["lse_square_scale"], cap or 1.0, int(kw["weight"] is not None),
-            int(cap is not None), red, wg, BLOCK=block, GENERAL=general, PER_SM=1,
+            int(cap is not None), wg, BLOCK=block, GENERAL=general, PER_SM=1,
             CHUNKS=chunks)
     if kw["reduction"] != "none":
         loss, z = loss.sum(), z.sum()

@@ -1,0 +1,81 @@
+"""Cross entropy forward with the gradient at 8192 x 128256, in place, rows split over
+clusters of 8 programs (the library's sm_90 plain config): the same kernel compiled as the
+probes compile it and as the library does.
+
+Triton's JIT specializes integer arguments equal to 1 into constants and integers
+divisible by 16 into aligned values; the ahead-of-time build compiles one signature in
+which M, write_grad and the flags are run-time values (only the row lengths and strides
+are declared multiples of 16). The "AOT signature" rows pass those arguments through
+`do_not_specialize`, so they run what the wheel runs. Each form in bf16 and fp16, rounds in
+rotating order (do_bench, L2 flushed before each call); registers and spill slots as ptxas
+reports them.
+
+--old PATH also times an earlier kernel source that took a reduction flag (1: "mean")
+before write_grad, e.g. v9's first form:
+    git show 71c13d8:triton_src/cross_entropy.py > /tmp/ce_v9a.py
+
+    python benchmarks/probes/ce_signature.py [--rounds 3] [--old /tmp/ce_v9a.py]
+"""
+import argparse
+import importlib.util
+import os
+import sys
+
+import torch
+import triton
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _ce_probe import Problem, ce  # noqa: E402
+
+ROWS, CHUNKS = 8192, 8
+RUNTIME_INTS = ["M", "has_weight", "has_softcap", "reduction", "write_grad", "ignore_index"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--old", help="an earlier kernel source taking a reduction flag")
+    args = ap.parse_args()
+    p = Problem(ROWS, 128256, width=44)
+    v = p.v
+    sources = [("library", ce.cross_entropy_fwd_kernel, ())]
+    if args.old:
+        spec = importlib.util.spec_from_file_location("ce_signature_old", args.old)
+        old = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old)
+        sources.append(("old", old.cross_entropy_fwd_kernel, (1,)))
+
+    def form(kernel, reduction, dtype, aot):
+        names = kernel.arg_names
+        keep = [a for a in RUNTIME_INTS if a in names] if aot else []
+        jf = triton.jit(do_not_specialize=keep)(kernel.fn)
+        x0 = p.x0.to(dtype)
+        head = (p.t, p.den, p.den, p.loss, p.z, v, v, ROWS, v, -100, 0.0, 0.0, 1.0, 0, 0,
+                *reduction, 1)
+        k = jf.warmup(x0, x0, *head, grid=(ROWS * CHUNKS,), num_warps=p.warps, BLOCK=p.block,
+                      GENERAL=0, PER_SM=1, CHUNKS=CHUNKS, maxnreg=64)
+        k._init_handles()
+        k.packed_metadata = (k.metadata.num_warps, CHUNKS, k.metadata.shared)
+        xb = x0.clone()
+        return (k.n_regs, k.n_spills), lambda: k[(ROWS, 1, 1)](xb, xb, *head, p.block, 0, 1,
+                                                               CHUNKS)
+
+    forms = []
+    for src, kernel, reduction in sources:
+        for dtype in (torch.bfloat16, torch.float16):
+            for aot in (False, True):
+                name = (f"{src} {str(dtype).split('.')[-1]} "
+                        f"{'AOT signature' if aot else 'JIT-specialized'}")
+                regs, fn = form(kernel, reduction, dtype, aot)
+                print(f"{name:{p.width}s} {regs[0]} registers, {regs[1]} spill slots")
+                forms.append((name, fn))
+    p.copy()
+    for r in range(args.rounds):
+        for name, fn in forms[r % len(forms):] + forms[:r % len(forms)]:
+            ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
+            p._line(name, ms)
+
+
+if __name__ == "__main__":
+    main()
