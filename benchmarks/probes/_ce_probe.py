@@ -2,6 +2,7 @@
 "mean" denominators on the device, the library's plain forward (with any config, launched
 like the C++ launcher does) and its sm_90 variant as the reference, and a timer that checks
 a kernel against it."""
+import importlib.util
 import os
 import sys
 
@@ -37,20 +38,30 @@ class Problem:
                                     cfg.maxnreg or None)
         self.ref = None
 
-    def forward(self, block, warps, chunks, rows_at_once, maxnreg=None):
-        """The library's plain bf16 forward (gradient in place, reduction "mean") with the
-        given config, on a grid of rows_at_once x chunks programs (each group of chunks
-        walking rows r, r + rows_at_once, ...); a function of the logits, which also leaves
+    def args(self):
+        """The plain forward's arguments after the two logits pointers: reduction "mean"
+        (through self.den), no weights, smoothing or softcap, the gradient written."""
+        m, v = self.m, self.v
+        return (self.t, self.den, self.den, self.loss, self.z, v, v, m, v, -100, 0.0, 0.0, 1.0,
+                0, 0, 1)
+
+    def forward(self, block, warps, chunks, rows_at_once, maxnreg=None, kernel=None,
+                args=None, x0=None):
+        """The library's plain forward (gradient in place, reduction "mean") with the given
+        config, on a grid of rows_at_once x chunks programs (each group of chunks walking
+        rows r, r + rows_at_once, ...); a function of the logits, which also leaves
         (registers, spills) in self.regs. With chunks > 1 it goes through Triton's
         compiled-kernel launcher with the launch's cluster size set to chunks (the kernel is
-        compiled for one CTA a program either way)."""
-        m, v = self.m, self.v
+        compiled for one CTA a program either way). kernel: another JIT function of the
+        forward's form (default: the library's); args: its arguments after the two logits
+        pointers (default: self.args()); x0: logits of the dtype to compile for (default:
+        self.x0, bf16)."""
+        kernel = kernel or ce.cross_entropy_fwd_kernel
+        head = self.args() if args is None else args
+        x0 = self.x0 if x0 is None else x0
         ctas = rows_at_once * chunks
-        head = (self.t, self.den, self.den, self.loss, self.z, v, v, m, v, -100, 0.0, 0.0, 1.0,
-                0, 0, 1)
-        k = ce.cross_entropy_fwd_kernel.warmup(self.x0, self.x0, *head, grid=(ctas,),
-                                               num_warps=warps, BLOCK=block, GENERAL=0,
-                                               PER_SM=1, CHUNKS=chunks, maxnreg=maxnreg)
+        k = kernel.warmup(x0, x0, *head, grid=(ctas,), num_warps=warps, BLOCK=block, GENERAL=0,
+                          PER_SM=1, CHUNKS=chunks, maxnreg=maxnreg)
         k._init_handles()
         grid = (ctas, 1, 1)
         if chunks > 1:
@@ -58,6 +69,14 @@ class Problem:
             grid = (rows_at_once, 1, 1)
         self.regs = (k.n_regs, k.n_spills)
         return lambda x: k[grid](x, x, *head, block, 0, 1, chunks)
+
+    @staticmethod
+    def load_source(name, path):
+        """The kernel source file at path, imported as module name."""
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
 
     def copy(self):
         """Times a copy of the floor's bytes; prints it."""

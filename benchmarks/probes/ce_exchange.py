@@ -30,7 +30,6 @@ checked against the library kernel's losses and gradient (benchmarks/NOTES.md v9
     python benchmarks/probes/ce_exchange.py [--rounds 3] [--old /tmp/ce_v8.py]
 """
 import argparse
-import importlib.util
 import os
 import sys
 import tempfile
@@ -106,10 +105,7 @@ def _load(mod_name, text, tmp):
     path = os.path.join(tmp, mod_name + ".py")
     with open(path, "w") as f:
         f.write(text)
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return Problem.load_source(mod_name, path)
 
 
 def main():
@@ -118,19 +114,11 @@ def main():
     ap.add_argument("--old", help="an earlier kernel source taking the global sums buffer")
     args = ap.parse_args()
     p = Problem(ROWS, 128256, width=50)
-    block, warps, maxnreg = p.block, p.warps, 64
-    v = p.v
-    head = (p.t, p.den, p.den, p.loss, p.z, v, v, ROWS, v, -100, 0.0, 0.0, 1.0, 0, 0, 1)
 
-    def launcher(mod, args=head):
-        """mod's plain forward on ROWS clusters of CHUNKS programs (one row each), launched
-        like Problem.forward does; args: the arguments after the two logits pointers."""
-        k = mod.cross_entropy_fwd_kernel.warmup(
-            p.x0, p.x0, *args, grid=(ROWS * CHUNKS,), num_warps=warps, BLOCK=block,
-            GENERAL=0, PER_SM=1, CHUNKS=CHUNKS, maxnreg=maxnreg)
-        k._init_handles()
-        k.packed_metadata = (k.metadata.num_warps, CHUNKS, k.metadata.shared)
-        return lambda x: k[(ROWS, 1, 1)](x, x, *args, block, 0, 1, CHUNKS)
+    def launcher(mod, kernel_args=None):
+        """mod's plain forward on ROWS clusters of CHUNKS programs (one row each)."""
+        return p.forward(p.block, p.warps, CHUNKS, ROWS, 64, mod.cross_entropy_fwd_kernel,
+                         kernel_args)
 
     src = open(ce.__file__).read()
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,8 +126,8 @@ def main():
         if args.old:
             # v8's arguments: a reduction flag (1: "mean") before write_grad, the buffer after.
             sums = torch.empty(ROWS, 4 * CHUNKS, device="cuda")
-            old = _load("ce_exchange_old", open(args.old).read(), tmp)
-            forms.append(("old: global buffer", launcher(old, head[:-1] + (1, 1, sums))))
+            old = Problem.load_source("ce_exchange_old", args.old)
+            forms.append(("old: global buffer", launcher(old, p.args()[:-1] + (1, 1, sums))))
         p.copy()
         p.reference()
         for r in range(args.rounds):

@@ -17,7 +17,6 @@ before write_grad, e.g. v9's first form:
     python benchmarks/probes/ce_signature.py [--rounds 3] [--old /tmp/ce_v9a.py]
 """
 import argparse
-import importlib.util
 import os
 import sys
 
@@ -38,36 +37,26 @@ def main():
     ap.add_argument("--old", help="an earlier kernel source taking a reduction flag")
     args = ap.parse_args()
     p = Problem(ROWS, 128256, width=44)
-    v = p.v
-    sources = [("library", ce.cross_entropy_fwd_kernel, ())]
+    sources = [("library", ce.cross_entropy_fwd_kernel, p.args())]
     if args.old:
-        spec = importlib.util.spec_from_file_location("ce_signature_old", args.old)
-        old = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(old)
-        sources.append(("old", old.cross_entropy_fwd_kernel, (1,)))
+        old = Problem.load_source("ce_signature_old", args.old)
+        sources.append(("old", old.cross_entropy_fwd_kernel, p.args()[:-1] + (1, 1)))
 
-    def form(kernel, reduction, dtype, aot):
-        names = kernel.arg_names
-        keep = [a for a in RUNTIME_INTS if a in names] if aot else []
+    def form(kernel, head, dtype, aot):
+        keep = [a for a in RUNTIME_INTS if a in kernel.arg_names] if aot else []
         jf = triton.jit(do_not_specialize=keep)(kernel.fn)
         x0 = p.x0.to(dtype)
-        head = (p.t, p.den, p.den, p.loss, p.z, v, v, ROWS, v, -100, 0.0, 0.0, 1.0, 0, 0,
-                *reduction, 1)
-        k = jf.warmup(x0, x0, *head, grid=(ROWS * CHUNKS,), num_warps=p.warps, BLOCK=p.block,
-                      GENERAL=0, PER_SM=1, CHUNKS=CHUNKS, maxnreg=64)
-        k._init_handles()
-        k.packed_metadata = (k.metadata.num_warps, CHUNKS, k.metadata.shared)
+        fn = p.forward(p.block, p.warps, CHUNKS, ROWS, 64, jf, head, x0)
         xb = x0.clone()
-        return (k.n_regs, k.n_spills), lambda: k[(ROWS, 1, 1)](xb, xb, *head, p.block, 0, 1,
-                                                               CHUNKS)
+        return p.regs, lambda: fn(xb)
 
     forms = []
-    for src, kernel, reduction in sources:
+    for src, kernel, head in sources:
         for dtype in (torch.bfloat16, torch.float16):
             for aot in (False, True):
                 name = (f"{src} {str(dtype).split('.')[-1]} "
                         f"{'AOT signature' if aot else 'JIT-specialized'}")
-                regs, fn = form(kernel, reduction, dtype, aot)
+                regs, fn = form(kernel, head, dtype, aot)
                 print(f"{name:{p.width}s} {regs[0]} registers, {regs[1]} spill slots")
                 forms.append((name, fn))
     p.copy()
