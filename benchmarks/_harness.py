@@ -51,6 +51,10 @@ def make_parser(description: str) -> argparse.ArgumentParser:
                    help=f"smoke test: model widths / {QUICK_DIV}, short timing")
     p.add_argument("--warmup", type=float, default=25.0, help="warm-up time per measurement, ms")
     p.add_argument("--rep", type=float, default=100.0, help="timed repetitions per measurement, ms")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every provider this many times, in rotating order (round r "
+                        "starts at the r-th provider), and report the median: no provider is "
+                        "always timed first, on a cooler chip than the others")
     p.add_argument("--timer", default="events", choices=["events", "kernels"],
                    help="events: time per call with CUDA events (what a caller waits for, "
                         "launch and CPU overhead included); kernels: the GPU time of the "
@@ -125,6 +129,28 @@ def kernel_ms(fn, device, iters=10, grads=()):
     return statistics.median(times[2:])
 
 
+def time_rounds(fns, device, args, kernels=False):
+    """{name: [ms of each round]} for fns = {name: (fn, grads)}: ``args.rounds`` rounds, each
+    timing every callable once (``kernel_ms`` if ``kernels``, else ``bench_ms``), round r in
+    the order of the names rotated by r. Under a power cap the chip runs slower as it warms,
+    so a fixed order favours whichever callable comes first."""
+    names = list(fns)
+    times = {n: [] for n in names}
+    for r in range(max(1, args.rounds)):
+        k = r % len(names) if names else 0
+        for n in names[k:] + names[:k]:
+            fn, grads = fns[n]
+            times[n].append(kernel_ms(fn, device, grads=grads) if kernels
+                            else bench_ms(fn, device, args.warmup, args.rep, grads))
+    return times
+
+
+def rounds_note(times):
+    """One line per callable timed in more than one round: its rounds' spread."""
+    return [f"{n}: {len(v)} rounds, median {statistics.median(v):.4f} ms, "
+            f"{min(v):.4f}-{max(v):.4f}" for n, v in times.items() if len(v) > 1]
+
+
 def peak_mb(fn, device, grads=()):
     """Peak memory allocated while running ``fn()`` once, above what was allocated before (MiB)."""
     if device.type != "cuda":
@@ -190,9 +216,13 @@ def run(ctx, op, make_inputs, providers, bytes_moved, shape=""):
     info = _versions(device)
 
     rows, broken = [], set()
+    kernels = args.timer == "kernels" and device.type == "cuda"
     for mode in ctx.modes:
         for tokens in ctx.tokens:
             nbytes = bytes_moved(tokens, mode)
+            # Every provider's inputs and first call (which compiles and shows failures) and
+            # peak memory first, then the timing rounds over all of them.
+            live, peaks = {}, {}
             for name, fn in fns.items():
                 if name in broken:
                     continue
@@ -205,26 +235,27 @@ def run(ctx, op, make_inputs, providers, bytes_moved, shape=""):
                         grad_out = torch.randn_like(fns.get("torch", fn)(*inputs))
                 step = _step(fn, inputs, mode, grad_out)
                 try:
-                    step()  # first call: compiles / autotunes, and shows failures
+                    step()
                     for t in grads:
                         t.grad = None
-                    mb = peak_mb(step, device, grads)
-                    if args.timer == "kernels" and device.type == "cuda":
-                        ms = kernel_ms(step, device, grads=grads)
-                    else:
-                        ms = bench_ms(step, device, args.warmup, args.rep, grads)
+                    peaks[name] = peak_mb(step, device, grads)
                 except Exception as e:  # noqa: BLE001
                     broken.add(name)
                     msg = (str(e).strip().splitlines() or [""])[0][:160]
                     notes.append(f"{name}: failed in {mode} at {tokens} tokens, skipped: "
                                  f"{type(e).__name__}: {msg}")
                     continue
+                live[name] = (step, grads)
+            times = time_rounds(live, device, args, kernels)
+            notes.extend(f"{mode} {tokens} tokens, {line}" for line in rounds_note(times))
+            for name in live:
+                ms = statistics.median(times[name])
                 rows.append(dict(info, op=op, model=ctx.model.name, dtype=args.dtype, mode=mode,
                                  timer=args.timer if device.type == "cuda" else "wall",
-                                 tokens=tokens, provider=name, ms=ms, peak_mb=mb, bytes=nbytes,
-                                 copy_bw=copy_bw,
+                                 tokens=tokens, provider=name, ms=ms, peak_mb=peaks[name],
+                                 bytes=nbytes, copy_bw=copy_bw,
                                  fraction_of_copy_bw=nbytes / (ms * 1e-3) / copy_bw))
-                del inputs, grads, grad_out, step
+            del live
 
     timer = "GPU kernel time" if args.timer == "kernels" else "time per call (CUDA events)"
     print(f"{op} | {ctx.model.name} {shape} | {args.dtype} | {timer} | {info['gpu']} | torch "

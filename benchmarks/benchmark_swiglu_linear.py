@@ -45,6 +45,8 @@ Floors at Llama-3-8B, 8192 tokens, bf16 (T = 8192, H = 4096, N = 14336; MiB = 2^
   448 MiB of s, t per layer held between forward and backward, for a second forward GEMM
   (~3 ms) in the backward.
 """
+import statistics
+
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
@@ -100,20 +102,28 @@ class Bench:
         self.ctx, self.rows, self.notes = ctx, [], []
         self.info = H._versions(ctx.device)
 
-    def time(self, section, tokens, name, fn, grads=(), flops=0.0, nbytes=0):
-        args = self.ctx.args
-        try:
-            fn()  # first call: compiles / autotunes, and shows failures
-            for t in grads:
-                t.grad = None
-            mb = H.peak_mb(fn, self.ctx.device, grads)
-            ms = H.bench_ms(fn, self.ctx.device, args.warmup, args.rep, grads)
-        except Exception as e:  # noqa: BLE001 - a provider that fails is reported and skipped
-            msg = (str(e).strip().splitlines() or [""])[0][:160]
-            self.notes.append(f"{name}: failed in {section} at {tokens} tokens: "
-                              f"{type(e).__name__}: {msg}")
-            return None
-        return self.add(section, tokens, name, ms, mb, flops, nbytes)
+    def time(self, section, tokens, entries):
+        """entries: (name, fn, grads, flops, nbytes) tuples. Each fn is called once (compiles /
+        autotunes, shows failures) and its peak memory measured; then all are timed together
+        in the harness's rotating rounds (--rounds), each row taking its median."""
+        live, meta = {}, {}
+        for name, fn, grads, flops, nbytes in entries:
+            try:
+                fn()
+                for t in grads:
+                    t.grad = None
+                meta[name] = (H.peak_mb(fn, self.ctx.device, grads), flops, nbytes)
+            except Exception as e:  # noqa: BLE001 - a provider that fails is reported, skipped
+                msg = (str(e).strip().splitlines() or [""])[0][:160]
+                self.notes.append(f"{name}: failed in {section} at {tokens} tokens: "
+                                  f"{type(e).__name__}: {msg}")
+                continue
+            live[name] = (fn, grads)
+        times = H.time_rounds(live, self.ctx.device, self.ctx.args)
+        self.notes.extend(f"{section} {tokens} tokens, {line}" for line in H.rounds_note(times))
+        for name in live:
+            mb, flops, nbytes = meta[name]
+            self.add(section, tokens, name, statistics.median(times[name]), mb, flops, nbytes)
 
     def add(self, section, tokens, name, ms, mb=float("nan"), flops=0.0, nbytes=0):
         copy_bw = self.ctx.args.copy_bw or H.H200_COPY_BW
@@ -148,8 +158,6 @@ def gate_section(b, tokens, providers):
     x, wg, wu, wcat, flops = operands(ctx, tokens)
     e = ctx.elem
     gemm_bytes = (tokens * h + 2 * n * h + 2 * tokens * n) * e
-    b.time("gate", tokens, "cublas (stacked)", lambda: torch.matmul(x, wcat.T), flops=flops,
-           nbytes=gemm_bytes)
     a, g = torch.randn(tokens, n, **kw), torch.randn(tokens, n, **kw)
     swiglus = {"torch": lambda p, q: F.silu(p) * q}
     if ctx.args.compile:
@@ -158,20 +166,21 @@ def gate_section(b, tokens, providers):
         swiglus["liger"] = providers["liger"]
     import fk
     swiglus["fk"] = fk.swiglu
-    for name, fn in swiglus.items():
-        b.time("gate", tokens, f"swiglu {name}", lambda fn=fn: fn(a, g),
-               nbytes=3 * tokens * n * e)
+    xg = x.clone().requires_grad_()
+    entries = [("cublas (stacked)", lambda: torch.matmul(x, wcat.T), (), flops, gemm_bytes)]
+    entries += [(f"swiglu {name}", lambda fn=fn: fn(a, g), (), 0.0, 3 * tokens * n * e)
+                for name, fn in swiglus.items()]
+    entries += [("cublas x2 + fk.swiglu", lambda: fk.swiglu(F.linear(x, wg), F.linear(x, wu)),
+                 (), flops, 0),
+                ("fk", lambda: fk.swiglu_linear(xg, wg, wu), (), flops,
+                 (tokens * h + 2 * n * h + 3 * tokens * n) * e),
+                ("fk (no grad)", lambda: fk.swiglu_linear(x, wg, wu), (), flops,
+                 (tokens * h + 2 * n * h + tokens * n) * e)]
+    b.time("gate", tokens, entries)
     gemm = b.ms("gate", tokens, "cublas (stacked)")
     best = [m for m in (b.ms("gate", tokens, f"swiglu {s}") for s in swiglus) if m]
     if gemm and best:
         b.add("gate", tokens, "cublas+best swiglu", gemm + min(best), flops=flops)
-    b.time("gate", tokens, "cublas x2 + fk.swiglu",
-           lambda: fk.swiglu(F.linear(x, wg), F.linear(x, wu)), flops=flops)
-    xg = x.clone().requires_grad_()
-    b.time("gate", tokens, "fk", lambda: fk.swiglu_linear(xg, wg, wu), flops=flops,
-           nbytes=(tokens * h + 2 * n * h + 3 * tokens * n) * e)
-    b.time("gate", tokens, "fk (no grad)", lambda: fk.swiglu_linear(x, wg, wu), flops=flops,
-           nbytes=(tokens * h + 2 * n * h + tokens * n) * e)
 
 
 def mlp_section(b, tokens, providers):
@@ -185,9 +194,8 @@ def mlp_section(b, tokens, providers):
         t.requires_grad_()
     grad_out = torch.randn(tokens, h, **kw)
     flops = 3 * 2.0 * tokens * n * h * 3  # three GEMMs forward, six backward
-    for name, fn in providers.items():
-        b.time("mlp", tokens, name,
-               lambda fn=fn: fn(*inputs).backward(grad_out), grads=inputs, flops=flops)
+    b.time("mlp", tokens, [(name, lambda fn=fn: fn(*inputs).backward(grad_out), inputs, flops, 0)
+                           for name, fn in providers.items()])
 
 
 def gemm_section(b, tokens):
@@ -198,21 +206,21 @@ def gemm_section(b, tokens):
     dz = torch.randn(tokens, n, device=ctx.device, dtype=ctx.dtype)
     _, s, t = torch.ops.fk._swiglu_linear_forward(x, wg, wu, [False, True])
     e = ctx.elem
-    b.time("gemm", tokens, "fwd cublas (stacked)", lambda: torch.matmul(x, wcat.T), flops=flops)
-    b.time("gemm", tokens, "fwd fk (z, s, t)",
-           lambda: torch.ops.fk._swiglu_linear_forward(x, wg, wu, [True, True]), flops=flops)
-    b.time("gemm", tokens, "fwd fk (z)",
-           lambda: torch.ops.fk._swiglu_linear_forward(x, wg, wu, [True, False]), flops=flops)
-    b.time("gemm", tokens, "fwd fk (s, t: recompute)",
-           lambda: torch.ops.fk._swiglu_linear_forward(x, wg, wu, [False, True]), flops=flops)
-    # The backward of the gated projection: the gate-gradient kernel alone (bytes: read dz,
-    # t, s, write da, db), then as the op runs it (that kernel + cuBLAS for dx and both dW),
-    # against torch forming da, db with two multiplications and cuBLAS on stacked operands.
-    b.time("gemm", tokens, "bwd fk gate grads",
-           lambda: torch.ops.fk._swiglu_linear_gate_grads(dz, t, s), nbytes=5 * dz.numel() * e)
-    b.time("gemm", tokens, "bwd fk", lambda: fk_backward(dz, x, wg, wu, t, s), flops=2 * flops)
-    b.time("gemm", tokens, "bwd torch da,db + cublas (stacked)",
-           lambda: cublas_backward(dz, x, wcat, s, t), flops=2 * flops)
+    fwd = torch.ops.fk._swiglu_linear_forward
+    b.time("gemm", tokens, [
+        ("fwd cublas (stacked)", lambda: torch.matmul(x, wcat.T), (), flops, 0),
+        ("fwd fk (z, s, t)", lambda: fwd(x, wg, wu, [True, True]), (), flops, 0),
+        ("fwd fk (z)", lambda: fwd(x, wg, wu, [True, False]), (), flops, 0),
+        ("fwd fk (s, t: recompute)", lambda: fwd(x, wg, wu, [False, True]), (), flops, 0),
+        # The backward of the gated projection: the gate-gradient kernel alone (bytes: read
+        # dz, t, s, write da, db), then as the op runs it (that kernel + cuBLAS for dx and
+        # both dW), against torch forming da, db with two multiplications and cuBLAS on
+        # stacked operands.
+        ("bwd fk gate grads", lambda: torch.ops.fk._swiglu_linear_gate_grads(dz, t, s), (), 0.0,
+         5 * dz.numel() * e),
+        ("bwd fk", lambda: fk_backward(dz, x, wg, wu, t, s), (), 2 * flops, 0),
+        ("bwd torch da,db + cublas (stacked)", lambda: cublas_backward(dz, x, wcat, s, t), (),
+         2 * flops, 0)])
 
 
 def fk_backward(dz, x, wg, wu, t, s):
