@@ -419,7 +419,8 @@ _SCALE_ARGS = ("src_ptr", "dst_ptr", "g_ptr", "g_stride", "src_stride", "dst_str
 _DEN_ARGS = ("target_ptr", "weight_ptr", "den_ptr", "N", "V", "ignore_index", "has_weight")
 _TYPES = {"target_ptr": "*i64", "weight_ptr": "*fp32", "den_ptr": "*fp32", "loss_ptr": "*fp32",
           "z_ptr": "*fp32", "g_ptr": "*fp32", "x_stride": "i64",
-          "grad_stride": "i64", "src_stride": "i64", "dst_stride": "i64", "g_stride": "i64", "M": "i64", "N": "i64",
+          "grad_stride": "i64", "src_stride": "i64", "dst_stride": "i64", "g_stride": "i64",
+          "M": "i64", "N": "i64",
           "V": "i32", "ignore_index": "i64", "label_smoothing": "fp32",
           "lse_square_scale": "fp32", "softcap": "fp32", "has_weight": "i32",
           "has_softcap": "i32", "write_grad": "i32", "in_place": "i32"}
