@@ -76,7 +76,8 @@ void check_cross_entropy_backward(const char* op, const at::Tensor& grad,
 at::ScalarType ce_loss_dtype(const at::Tensor& logits) { return checks::acc_type(logits); }
 
 at::Tensor cross_entropy_den(const at::Tensor& target, const at::Tensor& weight, int64_t V,
-                             int64_t ignore_index, at::ScalarType dtype) {
+                             int64_t ignore_index, at::ScalarType dtype, CeReduction reduction) {
+  if (reduction != CeReduction::Mean) return at::ones({2}, target.options().dtype(dtype));
   if (target.is_cuda()) return cross_entropy_den_cuda(target, weight, V, ignore_index);
   return cross_entropy_den_cpu(target, weight, V, ignore_index, dtype);
 }
@@ -128,8 +129,7 @@ std::tuple<at::Tensor, at::Tensor> run_forward(const at::Tensor& x, const at::Te
     auto t = target.contiguous();
     at::Tensor w;
     if (weight.has_value() && weight->defined()) w = weight->to(dtype).contiguous();
-    at::Tensor den;
-    if (o.reduction == CeReduction::Mean) den = cross_entropy_den(t, w, v, o.ignore_index, dtype);
+    const auto den = cross_entropy_den(t, w, v, o.ignore_index, dtype, o.reduction);
     cross_entropy_rows(x, grad, t, w, den, loss_rows, z_rows, o);
   }
   return cross_entropy_reduce(loss_rows, z_rows, o.reduction);

@@ -57,13 +57,14 @@ at::ScalarType ce_loss_dtype(const at::Tensor& logits);
 
 // --- the pieces (no dispatcher, no autograd) -------------------------------------------
 
-// (2,) tensor on target's device: [sum of w_y over non-ignored rows (their count without
-// weights), their count]; a non-ignored target outside [0, V) makes both NaN.
+// The (2,) tensor on target's device that cross_entropy_rows scales the loss and gradient
+// by: for a mean, [sum of w_y over non-ignored rows (their count without weights), their
+// count], where a non-ignored target outside [0, V) makes both NaN; for sum / none, ones.
 at::Tensor cross_entropy_den(const at::Tensor& target, const at::Tensor& weight, int64_t V,
-                             int64_t ignore_index, at::ScalarType dtype);
+                             int64_t ignore_index, at::ScalarType dtype, CeReduction reduction);
 
 // Per-row loss and z-loss of contiguous (M, V) `logits` into loss_rows / z_rows (M,),
-// scaled by the denominators `den` for a mean. With `grad` defined, also the gradient of
+// scaled by the denominators `den` (cross_entropy_den's). With `grad` defined, also the gradient of
 // each row's loss, written into grad (M, V), which may be `logits` itself. `weight` is
 // the class weights in the loss dtype (float32 on CUDA) or undefined.
 void cross_entropy_rows(const at::Tensor& logits, const at::Tensor& grad,

@@ -63,11 +63,11 @@ void cross_entropy_rows_cuda(const at::Tensor& logits, const at::Tensor& grad,
   // chunks' sums through distributed shared memory; PER_SM counts rows (clusters).
   const int64_t chunks = k.constexpr_value("CHUNKS");
   const int64_t rows_at_once = std::min(m, sm_count(logits) * k.constexpr_value("PER_SM"));
-  // The kernel always reads (D_w, D_n): ones unless the reduction is "mean".
-  const at::Tensor den_or_ones = den.defined() ? den : at::ones({2}, loss_rows.options());
+  // The kernel always reads (D_w, D_n) (ones unless the reduction is "mean").
+  TORCH_INTERNAL_ASSERT(den.defined() && den.scalar_type() == at::kFloat && den.numel() == 2);
   KernelArgs args;
   args.ptr(logits).ptr(g).ptr(target).ptr(weight.defined() ? weight : loss_rows)
-      .ptr(den_or_ones).ptr(loss_rows).ptr(z_rows)
+      .ptr(den).ptr(loss_rows).ptr(z_rows)
       .i64(logits.stride(0)).i64(g.stride(0)).i64(m).i32(v).i64(o.ignore_index)
       .f32(o.label_smoothing).f32(o.lse_square_scale).f32(o.softcap.value_or(1.0))
       .i32(weight.defined() ? 1 : 0).i32(o.softcap.has_value() ? 1 : 0)

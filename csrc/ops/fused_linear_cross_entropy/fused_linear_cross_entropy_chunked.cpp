@@ -85,11 +85,7 @@ FlceResult fused_linear_cross_entropy_forward_impl(
   }
 
   if (n > 0) {
-    // (D_w, D_n) of the mean, ones otherwise: made once here, not once per chunk by the
-    // row launcher (which fills ones when given none).
-    const at::Tensor den = o.reduction == CeReduction::Mean
-                               ? cross_entropy_den(t, cw, v, ignore_index, dtype)
-                               : at::ones({2}, x.options().dtype(at::kFloat));
+    const auto den = cross_entropy_den(t, cw, v, ignore_index, dtype, o.reduction);
     const int64_t rows = flce_chunk_rows(n, h, v, chunk_size);
     auto buf = at::empty({rows, v}, x.options());
     auto wt = wc.t();
