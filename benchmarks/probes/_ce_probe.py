@@ -33,10 +33,15 @@ class Problem:
                  and k.dtype == "bf16" and k.block == ce.LARGE and k.flags == ce.FLAG_ALIGNED]
         cfg = plain[0]
         self.block, self.warps = cfg.constexprs["BLOCK"], cfg.num_warps
-        self.library = self.forward(self.block, self.warps, cfg.constexprs["CHUNKS"],
-                                    min(m, cfg.constexprs["PER_SM"] * self.sms),
-                                    cfg.maxnreg or None)
+        self.chunks, self.maxnreg = cfg.constexprs["CHUNKS"], cfg.maxnreg or None
+        self.rows_at_once = min(m, cfg.constexprs["PER_SM"] * self.sms)
+        self.library = self.library_form()
         self.ref = None
+
+    def library_form(self, kernel=None, args=None, x0=None):
+        """forward() at the library's sm_90 plain config and the C++ launcher's grid."""
+        return self.forward(self.block, self.warps, self.chunks, self.rows_at_once,
+                            self.maxnreg, kernel, args, x0)
 
     def args(self):
         """The plain forward's arguments after the two logits pointers: reduction "mean"

@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _ce_probe import Problem, ce  # noqa: E402
 
-CHUNKS, ROWS = 8, 8192
+ROWS = 8192
 
 # The replaced _exchange_asm: operands as the library's ($0 .. $(n - 1) out, then the
 # values, the slot's byte offset, first). {body} is the text of each form below.
@@ -116,16 +116,15 @@ def main():
     p = Problem(ROWS, 128256, width=50)
 
     def launcher(mod, kernel_args=None):
-        """mod's plain forward on ROWS clusters of CHUNKS programs (one row each)."""
-        return p.forward(p.block, p.warps, CHUNKS, ROWS, 64, mod.cross_entropy_fwd_kernel,
-                         kernel_args)
+        """mod's plain forward at the library's config (clusters of p.chunks programs)."""
+        return p.library_form(mod.cross_entropy_fwd_kernel, kernel_args)
 
     src = open(ce.__file__).read()
     with tempfile.TemporaryDirectory() as tmp:
         forms = [(name, launcher(_form(name, src, tmp))) for name in _BODIES]
         if args.old:
             # v8's arguments: a reduction flag (1: "mean") before write_grad, the buffer after.
-            sums = torch.empty(ROWS, 4 * CHUNKS, device="cuda")
+            sums = torch.empty(ROWS, 4 * p.chunks, device="cuda")
             old = Problem.load_source("ce_exchange_old", args.old)
             forms.append(("old: global buffer", launcher(old, p.args()[:-1] + (1, 1, sums))))
         p.copy()

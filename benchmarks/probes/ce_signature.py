@@ -27,7 +27,7 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _ce_probe import Problem, ce  # noqa: E402
 
-ROWS, CHUNKS = 8192, 8
+ROWS = 8192
 RUNTIME_INTS = ["M", "has_weight", "has_softcap", "reduction", "write_grad", "ignore_index"]
 
 
@@ -46,7 +46,7 @@ def main():
         keep = [a for a in RUNTIME_INTS if a in kernel.arg_names] if aot else []
         jf = triton.jit(do_not_specialize=keep)(kernel.fn)
         x0 = p.x0.to(dtype)
-        fn = p.forward(p.block, p.warps, CHUNKS, ROWS, 64, jf, head, x0)
+        fn = p.library_form(jf, head, x0)
         xb = x0.clone()
         return p.regs, lambda: fn(xb)
 
