@@ -131,9 +131,10 @@ def swiglu_linear_fwd_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K
 # built on the device (one 128-byte descriptor per operand and program, in Triton's global
 # scratch, which the runtime allocates per launch). Loads past the edges read zeros, so the
 # main loop carries no masks; stores stay masked pointer stores. Descriptors need a 16-byte
-# aligned base and row strides of a multiple of 16 bytes: the aligned flag. (Triton's warp
-# specialization of this loop gave NaN at several configs on the H200 with Triton 3.6 and
-# is not used.)
+# aligned base and row strides of a multiple of 16 bytes: the aligned flag. Triton 3.6
+# warp-specializes this loop only in a kernel of 4 warps; on the H200 that gave NaN in every
+# form tried, and a plain warp-specialized GEMM reached 0.91 of cuBLAS (benchmarks/NOTES.md
+# v11), so it is not used.
 
 
 @triton.jit

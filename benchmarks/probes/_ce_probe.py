@@ -83,6 +83,15 @@ class Problem:
         spec.loader.exec_module(mod)
         return mod
 
+    @staticmethod
+    def load_text(name, text, folder):
+        """Kernel source text (a variant of the library's), written to folder/name.py and
+        imported as module name (Triton's JIT reads a kernel's source from its file)."""
+        path = os.path.join(folder, name + ".py")
+        with open(path, "w") as f:
+            f.write(text)
+        return Problem.load_source(name, path)
+
     def copy(self):
         """Times a copy of the floor's bytes; prints it."""
         xc = torch.empty_like(self.x0)

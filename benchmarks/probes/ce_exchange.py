@@ -98,14 +98,7 @@ def _form(name, src, tmp):
             f"        rank = tl.inline_asm_elementwise(\"{_AFTER_LOOP[name]}\\nmov.b32 $0, $1;\",\n"
             "                                         \"=r,r\", [rank], dtype=tl.int32,\n"
             "                                         is_pure=False, pack=1)\n"))
-    return _load(f"ce_exchange_{name}", out, tmp)
-
-
-def _load(mod_name, text, tmp):
-    path = os.path.join(tmp, mod_name + ".py")
-    with open(path, "w") as f:
-        f.write(text)
-    return Problem.load_source(mod_name, path)
+    return Problem.load_text(f"ce_exchange_{name}", out, tmp)
 
 
 def main():

@@ -22,14 +22,12 @@ import argparse
 import os
 import sys
 
-import torch
 import triton
 import triton.language as tl
-from triton.testing import do_bench
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                "triton_src"))
-import swiglu_linear as K  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _swiglu_linear_probe as P  # noqa: E402
+from _swiglu_linear_probe import K  # noqa: E402
 
 
 @triton.jit
@@ -97,89 +95,32 @@ def fwd_overlap_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K_,
                            BLOCK_N)
 
 
-def rel(out, ref):
-    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=8192)
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--inter", type=int, default=14336)
-    ap.add_argument("--rounds", type=int, default=5)
+    P.add_args(ap)
     ap.add_argument("--flatten", action="store_true", help="also the flattened tile loops")
     args = ap.parse_args()
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
-                                                                 device="cuda"))
-    m, n, k = args.tokens, args.inter, args.hidden
-    dev, dt = "cuda", torch.bfloat16
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    flops = 4.0 * m * n * k
-    x = torch.randn(m, k, device=dev, dtype=dt)
-    wg = torch.randn(n, k, device=dev, dtype=dt) * k ** -0.5
-    wu = torch.randn(n, k, device=dev, dtype=dt) * k ** -0.5
-    wcat = torch.cat([wg, wu])
-    a, b = (x.float() @ wg.float().T), (x.float() @ wu.float().T)
-    sig = torch.sigmoid(a)
-    refs = ((a * sig * b).to(dt), (a * sig).to(dt), (b * (sig + a * sig * (1 - sig))).to(dt))
-    del a, b, sig
-    outs = [torch.empty(m, n, device=dev, dtype=dt) for _ in range(3)]
-    ab = torch.empty(m, 2 * n, device=dev, dtype=dt)
-    tiles = triton.cdiv(m, 128) * triton.cdiv(n, 128)
-    grid = (min(tiles, sms),)
-
-    def lib(store):
-        return lambda: K.swiglu_linear_fwd_tma_kernel[grid](
-            x, wg, wu, *outs, m, n, k, *store, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
-            GROUP_M=32, PER_SM=1, num_warps=8, num_stages=3)
+    p = P.Problem(args, width=28)
+    m, n, k = p.m, p.n, p.k
+    grid = (min(triton.cdiv(m, 128) * triton.cdiv(n, 128), p.sms),)
 
     def probe(store, flatten, tma_store, subtile, stages=3):
         return lambda: fwd_overlap_kernel[grid](
-            x, wg, wu, *outs, m, n, k, STORE_Z=store[0], STORE_SAVED=store[1], BLOCK_M=128,
-            BLOCK_N=128, BLOCK_K=64, GROUP_M=32, FLATTEN=flatten, TMA_STORE=tma_store,
-            SUBTILE=subtile, num_warps=8, num_stages=stages)
+            p.x, p.wg, p.wu, *p.outs, m, n, k, STORE_Z=store[0], STORE_SAVED=store[1],
+            BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=32, FLATTEN=flatten,
+            TMA_STORE=tma_store, SUBTILE=subtile, num_warps=8, num_stages=stages)
 
-    runs = {"cublas stacked": lambda: torch.matmul(x, wcat.T, out=ab)}
+    runs = {P.CUBLAS: p.cublas()}
     # (flatten, tma_store, subtile, stages); flatten measured 0.78-0.85 of cuBLAS on the
     # H200 (results/h200_probe_swiglu_linear_overlap.log), so only --flatten sweeps it.
     shapes = [(0, 0, 0, 3), (0, 0, 1, 3), (0, 1, 0, 3), (0, 1, 1, 3), (0, 1, 1, 4)]
     if args.flatten:
         shapes += [(1, ts, sub, 3) for ts in (0, 1) for sub in (0, 1)] + [(1, 1, 1, 4)]
     for store, sname in (((1, 1), "zst"), ((1, 0), "z")):
-        runs[f"library {sname}"] = lib(store)
+        runs[f"library {sname}"] = p.library(store)
         for fl, ts, sub, st in shapes:
             runs[f"flat{fl} tma{ts} sub{sub} st{st} {sname}"] = probe(store, fl, ts, sub, st)
-    ok = {}
-    for name, fn in runs.items():
-        if name.startswith("cublas"):
-            ok[name] = True
-            continue
-        try:
-            for o in outs:
-                o.fill_(float("nan"))
-            fn()
-            torch.cuda.synchronize()
-            n_out = 3 if name.endswith("zst") else 1
-            err = max(rel(outs[i], refs[i]) for i in range(n_out))
-            ok[name] = err < 2e-2
-            print(f"{name:28s} rel err {err:.2e} {'ok' if ok[name] else 'WRONG'}", flush=True)
-        except Exception as e:  # noqa: BLE001 - report and go on
-            print(f"{name:28s} failed: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
-            torch.cuda.synchronize()
-            ok[name] = False
-    names = [nm for nm in runs if ok[nm]]
-    times = {nm: [] for nm in names}
-    for r in range(args.rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for nm in order:
-            times[nm].append(do_bench(runs[nm], warmup=25, rep=100, return_mode="median"))
-    ref = sorted(times["cublas stacked"])[len(times["cublas stacked"]) // 2]
-    for nm in names:
-        ts = sorted(times[nm])
-        med = ts[len(ts) // 2]
-        print(f"{nm:28s} " + " ".join(f"{t:.3f}" for t in times[nm])
-              + f"  median {med:.3f} ms {flops / med / 1e9:6.1f} TFLOP/s "
-              f"{ref / med:.3f} of cuBLAS")
+    p.time(runs, p.check(runs, p.fused_outputs))
 
 
 if __name__ == "__main__":
