@@ -56,7 +56,6 @@ def main():
         t_fb = per_call_us(full)
         print(f"{name:28s} {t_ng:12.1f} {t_f:8.1f} {t_fb:8.1f}")
     with torch.no_grad():
-        m, r = torch.empty(a.rows, device=dev), torch.empty(a.rows, device=dev)
         print(f"{'_layer_norm_forward direct':28s} "
               f"{per_call_us(lambda: torch.ops.fk._layer_norm_forward(x, w, b, 1e-5)):12.1f}")
     if a.profile:

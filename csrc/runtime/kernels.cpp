@@ -197,7 +197,9 @@ uint64_t* KernelArgs::next(const char* what) {
   return &slots_[n_++];
 }
 
-KernelArgs& KernelArgs::ptr(const at::Tensor& t) { return ptr(t.defined() ? t.data_ptr() : nullptr); }
+KernelArgs& KernelArgs::ptr(const at::Tensor& t) {
+  return ptr(t.defined() ? t.data_ptr() : nullptr);
+}
 
 KernelArgs& KernelArgs::ptr(const void* p) {
   uint64_t* s = next("pointer");

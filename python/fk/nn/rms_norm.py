@@ -30,7 +30,8 @@ class RMSNorm(nn.Module):
                  elementwise_affine: bool = True, device=None, dtype=None, *,
                  offset: float = 0.0, casting_mode: str = "llama"):
         super().__init__()
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        shape = ((normalized_shape,) if isinstance(normalized_shape, int)
+                 else tuple(normalized_shape))
         if len(shape) != 1:
             raise ValueError(f"fk.nn.RMSNorm normalizes the last dimension only; got "
                              f"normalized_shape={shape}")
@@ -55,4 +56,5 @@ class RMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine="
-                f"{self.elementwise_affine}, offset={self.offset}, casting_mode={self.casting_mode!r}")
+                f"{self.elementwise_affine}, offset={self.offset}, "
+                f"casting_mode={self.casting_mode!r}")
