@@ -129,19 +129,25 @@ def kernel_ms(fn, device, iters=10, grads=()):
     return statistics.median(times[2:])
 
 
+def rotations(items, rounds):
+    """Every one of items, `rounds` times over, round r in the order rotated by r. Under a
+    power cap the chip runs slower as it warms, so a fixed order of measurement favours
+    whatever comes first."""
+    items = list(items)
+    for r in range(rounds if items else 0):
+        k = r % len(items)
+        yield from items[k:] + items[:k]
+
+
 def time_rounds(fns, device, args, kernels=False):
     """{name: [ms of each round]} for fns = {name: (fn, grads)}: ``args.rounds`` rounds, each
-    timing every callable once (``kernel_ms`` if ``kernels``, else ``bench_ms``), round r in
-    the order of the names rotated by r. Under a power cap the chip runs slower as it warms,
-    so a fixed order favours whichever callable comes first."""
-    names = list(fns)
-    times = {n: [] for n in names}
-    for r in range(max(1, args.rounds)):
-        k = r % len(names) if names else 0
-        for n in names[k:] + names[:k]:
-            fn, grads = fns[n]
-            times[n].append(kernel_ms(fn, device, grads=grads) if kernels
-                            else bench_ms(fn, device, args.warmup, args.rep, grads))
+    timing every callable once (``kernel_ms`` if ``kernels``, else ``bench_ms``), in
+    rotating order (``rotations``)."""
+    times = {n: [] for n in fns}
+    for n in rotations(fns, max(1, args.rounds)):
+        fn, grads = fns[n]
+        times[n].append(kernel_ms(fn, device, grads=grads) if kernels
+                        else bench_ms(fn, device, args.warmup, args.rep, grads))
     return times
 
 

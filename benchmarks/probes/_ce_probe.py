@@ -2,6 +2,7 @@
 "mean" denominators on the device, the library's plain forward (with any config, launched
 like the C++ launcher does) and its sm_90 variant as the reference, and a timer that checks
 a kernel against it."""
+import argparse
 import importlib.util
 import os
 import sys
@@ -10,7 +11,19 @@ import torch
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "triton_src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import cross_entropy as ce  # noqa: E402
+from _harness import rotations  # noqa: E402, F401  (re-exported to the probes)
+
+
+def parser(old=None):
+    """The options of a probe that times kernel forms in rounds: --rounds, and with `old`
+    (its help text) --old, the path of an earlier kernel source to time as well."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    if old:
+        ap.add_argument("--old", help=old)
+    return ap
 
 
 class Problem:
@@ -36,6 +49,7 @@ class Problem:
         self.chunks, self.maxnreg = cfg.constexprs["CHUNKS"], cfg.maxnreg or None
         self.rows_at_once = min(m, cfg.constexprs["PER_SM"] * self.sms)
         self.library = self.library_form()
+        self.library_regs = self.regs
         self.ref = None
 
     def library_form(self, kernel=None, args=None, x0=None):

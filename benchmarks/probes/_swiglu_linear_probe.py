@@ -11,7 +11,9 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "triton_src"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import swiglu_linear as K  # noqa: E402
+from _harness import rotations  # noqa: E402
 
 CUBLAS = "cublas stacked"
 
@@ -105,9 +107,8 @@ class Problem:
         round (do_bench, median), and prints each one's rounds, median, TFLOP/s of the gated
         projection and fraction of cuBLAS's rate."""
         times = {nm: [] for nm in names}
-        for r in range(self.rounds):
-            for nm in names[r % len(names):] + names[:r % len(names)]:
-                times[nm].append(do_bench(runs[nm], warmup=25, rep=100, return_mode="median"))
+        for nm in rotations(names, self.rounds):
+            times[nm].append(do_bench(runs[nm], warmup=25, rep=100, return_mode="median"))
 
         def median(ts):
             return sorted(ts)[len(ts) // 2]

@@ -29,7 +29,6 @@ checked against the library kernel's losses and gradient (benchmarks/NOTES.md v9
 
     python benchmarks/probes/ce_exchange.py [--rounds 3] [--old /tmp/ce_v8.py]
 """
-import argparse
 import os
 import sys
 import tempfile
@@ -37,7 +36,7 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _ce_probe import Problem, ce  # noqa: E402
+from _ce_probe import Problem, ce, parser, rotations  # noqa: E402
 
 ROWS = 8192
 
@@ -102,10 +101,7 @@ def _form(name, src, tmp):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--old", help="an earlier kernel source taking the global sums buffer")
-    args = ap.parse_args()
+    args = parser(old="an earlier kernel source taking the global sums buffer").parse_args()
     p = Problem(ROWS, 128256, width=50)
 
     def launcher(mod, kernel_args=None):
@@ -122,9 +118,8 @@ def main():
             forms.append(("old: global buffer", launcher(old, p.args()[:-1] + (1, 1, sums))))
         p.copy()
         p.reference()
-        for r in range(args.rounds):
-            for name, fn in forms[r % len(forms):] + forms[:r % len(forms)]:
-                p.check(name, fn)
+        for name, fn in rotations(forms, args.rounds):
+            p.check(name, fn)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ before write_grad, e.g. v9's first form:
 
     python benchmarks/probes/ce_signature.py [--rounds 3] [--old /tmp/ce_v9a.py]
 """
-import argparse
 import os
 import sys
 
@@ -25,17 +24,14 @@ import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _ce_probe import Problem, ce  # noqa: E402
+from _ce_probe import Problem, ce, parser, rotations  # noqa: E402
 
 ROWS = 8192
 RUNTIME_INTS = ["M", "has_weight", "has_softcap", "reduction", "write_grad", "ignore_index"]
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--old", help="an earlier kernel source taking a reduction flag")
-    args = ap.parse_args()
+    args = parser(old="an earlier kernel source taking a reduction flag").parse_args()
     p = Problem(ROWS, 128256, width=44)
     sources = [("library", ce.cross_entropy_fwd_kernel, p.args())]
     if args.old:
@@ -60,10 +56,8 @@ def main():
                 print(f"{name:{p.width}s} {regs[0]} registers, {regs[1]} spill slots")
                 forms.append((name, fn))
     p.copy()
-    for r in range(args.rounds):
-        for name, fn in forms[r % len(forms):] + forms[:r % len(forms)]:
-            ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
-            p._line(name, ms)
+    for name, fn in rotations(forms, args.rounds):
+        p._line(name, do_bench(fn, warmup=50, rep=300, return_mode="median"))
 
 
 if __name__ == "__main__":

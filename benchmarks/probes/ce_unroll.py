@@ -15,13 +15,12 @@ before each call), with each form's registers and spills.
 
     python benchmarks/probes/ce_unroll.py [--rounds 3]
 """
-import argparse
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _ce_probe import Problem, ce  # noqa: E402
+from _ce_probe import Problem, ce, parser, rotations  # noqa: E402
 
 ROWS = 8192
 _PASS1 = ("            for start in range(c0, c1, BLOCK):\n"
@@ -50,9 +49,7 @@ def _form(name, src, tmp, u1, u2):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    args = parser().parse_args()
     p = Problem(ROWS, 128256, width=50)
     src = open(ce.__file__).read()
     forms = []
@@ -61,16 +58,15 @@ def main():
             mod = _form(name, src, tmp, u1, u2)
             fn = p.forward(p.block, p.warps, p.chunks, p.rows_at_once, cap or p.maxnreg,
                            mod.cross_entropy_fwd_kernel)
-            print(f"{name:50s} registers {p.regs[0]}, spills {p.regs[1]}", flush=True)
+            print(f"{name:{p.width}s} registers {p.regs[0]}, spills {p.regs[1]}", flush=True)
             forms.append((name, fn))
-        p.library_form()
-        print(f"{'library':50s} registers {p.regs[0]}, spills {p.regs[1]}", flush=True)
+        regs, spills = p.library_regs
+        print(f"{'library':{p.width}s} registers {regs}, spills {spills}", flush=True)
         p.copy()
         p.reference()
         forms.append(("library (again)", p.library))
-        for r in range(args.rounds):
-            for name, fn in forms[r % len(forms):] + forms[:r % len(forms)]:
-                p.check(name, fn)
+        for name, fn in rotations(forms, args.rounds):
+            p.check(name, fn)
 
 
 if __name__ == "__main__":
