@@ -1,10 +1,15 @@
 # Locates torch (and the CUDA headers it needs) from a Python installation and defines the
-# imported target fk::torch. Used by fk's own build and by the installed fkConfig.cmake, so
-# that neither depends on torch's CMake package, whose CUDA toolkit detection fails when the
+# imported targets
+#   fk::torch         LibTorch's full C++ API: for programs that use fk from C++ (the
+#                     installed fkConfig.cmake), with fk's header-only autograd wrappers;
+#   fk::torch_stable  PyTorch's stable C ABI only, targeting torch FK_TORCH_TARGET (2.11):
+#                     what libfk itself is built with, so that it loads in any later torch.
+# Neither depends on torch's CMake package, whose CUDA toolkit detection fails when the
 # toolkit comes from pip.
 #
 # Inputs (optional): FK_TORCH_ROOT (the torch package directory), Python3_EXECUTABLE.
-# Outputs: target fk::torch, FK_TORCH_ROOT, FK_TORCH_VERSION, FK_CUDA_INCLUDE_DIR.
+# Outputs: targets fk::torch and fk::torch_stable, FK_TORCH_ROOT, FK_TORCH_VERSION,
+# FK_TORCH_TARGET, FK_CUDA_INCLUDE_DIR.
 if(TARGET fk::torch)
   return()
 endif()
@@ -49,4 +54,14 @@ set_target_properties(fk::torch PROPERTIES
   INTERFACE_LINK_LIBRARIES
     "${FK_TORCH_ROOT}/lib/libtorch.so;${FK_TORCH_ROOT}/lib/libtorch_cpu.so;${FK_TORCH_ROOT}/lib/libc10.so;${FK_TORCH_ROOT}/lib/libc10_cuda.so"
 )
+# The stable ABI: torch's headers, TORCH_TARGET_VERSION (torch's version encoding: major << 56
+# | minor << 48), and libtorch_cpu.so, which exports the stable C shim. No c10, no
+# libtorch_cuda: the CUDA-only shim functions are looked up at run time.
+set(FK_TORCH_TARGET "2.11")
+add_library(fk::torch_stable INTERFACE IMPORTED)
+set_target_properties(fk::torch_stable PROPERTIES
+  INTERFACE_INCLUDE_DIRECTORIES "${FK_TORCH_ROOT}/include;${FK_CUDA_INCLUDE_DIR}"
+  INTERFACE_COMPILE_DEFINITIONS "TORCH_TARGET_VERSION=0x020b000000000000ULL;_GLIBCXX_USE_CXX11_ABI=1"
+  INTERFACE_COMPILE_FEATURES "cxx_std_17"
+  INTERFACE_LINK_LIBRARIES "${FK_TORCH_ROOT}/lib/libtorch_cpu.so")
 message(STATUS "fk: torch ${FK_TORCH_VERSION} at ${FK_TORCH_ROOT}; CUDA headers at ${FK_CUDA_INCLUDE_DIR}")

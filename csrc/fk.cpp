@@ -1,21 +1,22 @@
-// Library-wide pieces of libfk: build information.
-#include <torch/library.h>
-
-#include "fk/fk.h"
+// Library-wide pieces of libfk: the operator namespace and a line describing this build.
 #include "fk_build_info.h"
-
-const char* fk::built_torch_version() { return FK_TORCH_VERSION; }
+#include "runtime/tensor.h"
 
 namespace {
 
 std::string build_info() {
-  return std::string("fk ") + FK_VERSION + "; torch " + FK_TORCH_VERSION + "; archs " +
-         FK_CUDA_ARCHS;
+  return std::string("fk ") + FK_VERSION + "; torch " + FK_TORCH_VERSION + " (stable ABI " +
+         FK_TORCH_TARGET + "); archs " + FK_CUDA_ARCHS;
 }
 
 }  // namespace
 
-TORCH_LIBRARY(fk, m) {
-  // A line describing this build: fk version, the torch it was built for, the GPU archs.
-  m.def("_build_info() -> str", [] { return build_info(); });
+STABLE_TORCH_LIBRARY(fk, m) {
+  // A line describing this build: fk version, the torch it was built against and the oldest
+  // it runs on, the GPU archs.
+  m.def("_build_info() -> str");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(fk, CompositeImplicitAutograd, m) {
+  m.impl("_build_info", TORCH_BOX(&build_info));
 }

@@ -2,7 +2,6 @@
 
 #include <dlfcn.h>
 
-#include <c10/util/Exception.h>
 
 #include <mutex>
 #include <string>
@@ -13,13 +12,13 @@ namespace {
 template <typename T>
 void resolve(void* lib, const char* name, T& fn) {
   fn = reinterpret_cast<T>(dlsym(lib, name));
-  TORCH_CHECK(fn != nullptr, "fk: the CUDA driver (libcuda.so.1) has no symbol ", name,
+  FK_CHECK(fn != nullptr, "fk: the CUDA driver (libcuda.so.1) has no symbol ", name,
               "; the driver is too old for this build of fk");
 }
 
 Driver load_driver() {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  TORCH_CHECK(lib != nullptr,
+  FK_CHECK(lib != nullptr,
               "fk: cannot load the CUDA driver (libcuda.so.1): ", dlerror(),
               ". CUDA ops need an NVIDIA driver; CPU ops work without one.");
   Driver d{};
@@ -38,7 +37,7 @@ Driver load_driver() {
   resolve(lib, "cuLaunchKernel", d.cuLaunchKernel);
   resolve(lib, "cuLaunchKernelEx", d.cuLaunchKernelEx);
   CUresult r = d.cuInit(0);
-  TORCH_CHECK(r == CUDA_SUCCESS, "fk: cuInit failed with CUDA error ", static_cast<int>(r));
+  FK_CHECK(r == CUDA_SUCCESS, "fk: cuInit failed with CUDA error ", static_cast<int>(r));
   return d;
 }
 
@@ -55,6 +54,33 @@ const char* error_string(CUresult r) {
     return "unknown CUDA error";
   }
   return s;
+}
+
+namespace {
+
+using GetStream = int32_t (*)(int32_t device_index, void** ret_stream);
+
+GetStream load_stream_getter() {
+  const char* name = "aoti_torch_get_current_cuda_stream";
+  void* fn = dlsym(RTLD_DEFAULT, name);
+  if (fn == nullptr) {
+    // torch's libraries are loaded with local symbol scope from Python: ask the already
+    // loaded libtorch_cuda.so directly.
+    if (void* lib = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD)) fn = dlsym(lib, name);
+  }
+  FK_CHECK(fn != nullptr, "fk: this torch has no ", name,
+           " (a CPU-only build of torch?); fk's CUDA ops need a CUDA build of torch");
+  return reinterpret_cast<GetStream>(fn);
+}
+
+}  // namespace
+
+CUstream current_stream(int device) {
+  static const GetStream get = load_stream_getter();
+  void* stream = nullptr;
+  FK_CHECK(get(device, &stream) == 0, "fk: cannot get torch's current CUDA stream on cuda:",
+           device);
+  return static_cast<CUstream>(stream);
 }
 
 }  // namespace fk::runtime

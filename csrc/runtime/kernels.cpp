@@ -1,8 +1,6 @@
 #include "runtime/kernels.h"
 
-#include <ATen/ATen.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/stable/accelerator.h>
 
 #include <algorithm>
 #include <atomic>
@@ -19,16 +17,16 @@ int64_t KernelSpec::constexpr_value(const char* name) const {
   for (const auto& c : constexprs) {
     if (c.name != nullptr && std::strcmp(c.name, name) == 0) return c.value;
   }
-  TORCH_CHECK(false, "fk: kernel variant ", variant, " has no constexpr ", name);
+  FK_CHECK(false, "fk: kernel variant ", variant, " has no constexpr ", name);
 }
 
 namespace {
 
-const char* dtype_name(at::ScalarType t) {
+const char* dtype_name(ScalarType t) {
   switch (t) {
-    case at::kFloat: return "fp32";
-    case at::kBFloat16: return "bf16";
-    case at::kHalf: return "fp16";
+    case kFloat: return "fp32";
+    case kBFloat16: return "bf16";
+    case kHalf: return "fp16";
     default: return nullptr;
   }
 }
@@ -60,7 +58,7 @@ struct DeviceInfo {
 constexpr int kMaxDevices = 64;
 
 const DeviceInfo& device_info(int device) {
-  TORCH_CHECK(device >= 0 && device < kMaxDevices, "fk: CUDA device index ", device,
+  FK_CHECK(device >= 0 && device < kMaxDevices, "fk: CUDA device index ", device,
               " out of range");
   static std::once_flag once[kMaxDevices];
   static DeviceInfo infos[kMaxDevices];
@@ -147,13 +145,13 @@ KernelFamily::KernelFamily(const char* name) : name_(name) {
   });
 }
 
-const KernelSpec& KernelFamily::pick(const char* op, const at::Tensor& t, int64_t min_block,
+const KernelSpec& KernelFamily::pick(const char* op, const Tensor& t, int64_t min_block,
                                      uint32_t flags) const {
   const int device = t.device().index();
   const DeviceInfo& info = device_info(device);
   const int arch = arch_for_capability(info.capability / 10, info.capability % 10);
   const char* dt = dtype_name(t.scalar_type());
-  TORCH_CHECK(dt != nullptr, op, ": dtype ", t.scalar_type(),
+  FK_CHECK(dt != nullptr, op, ": dtype ", t.scalar_type(),
               " is not supported on CUDA (supported: float32, bfloat16, float16)");
   bool arch_seen = false;
   for (const KernelSpec* k : specs_) {
@@ -161,15 +159,15 @@ const KernelSpec& KernelFamily::pick(const char* op, const at::Tensor& t, int64_
     arch_seen = true;
     if (k->flags == flags && k->block >= min_block && std::strcmp(k->dtype, dt) == 0) return *k;
   }
-  TORCH_CHECK(arch_seen, op, ": this build of fk has no kernels for ", info.name,
+  FK_CHECK(arch_seen, op, ": this build of fk has no kernels for ", info.name,
               " (compute capability ", info.capability / 10, ".", info.capability % 10,
               "); it was built for ", built_archs_text(),
               ". Rebuild with FK_CUDA_ARCHS including ", arch, ".");
-  TORCH_CHECK(false, op, ": no ", name_, " kernel for dtype ", dt, " with block >= ",
+  FK_CHECK(false, op, ": no ", name_, " kernel for dtype ", dt, " with block >= ",
               min_block, " (flags ", flags, ") on sm_", arch);
 }
 
-int64_t KernelFamily::max_block(const at::Tensor& t) const {
+int64_t KernelFamily::max_block(const Tensor& t) const {
   const DeviceInfo& info = device_info(t.device().index());
   const int arch = arch_for_capability(info.capability / 10, info.capability % 10);
   const char* dt = dtype_name(t.scalar_type());
@@ -192,12 +190,12 @@ const KernelFamily& family(const char* name) {
 }
 
 uint64_t* KernelArgs::next(const char* what) {
-  TORCH_CHECK(n_ < kMax, "fk: too many kernel arguments (", what, ")");
+  FK_CHECK(n_ < kMax, "fk: too many kernel arguments (", what, ")");
   ptrs_[n_] = &slots_[n_];
   return &slots_[n_++];
 }
 
-KernelArgs& KernelArgs::ptr(const at::Tensor& t) {
+KernelArgs& KernelArgs::ptr(const Tensor& t) {
   return ptr(t.defined() ? t.data_ptr() : nullptr);
 }
 
@@ -208,7 +206,7 @@ KernelArgs& KernelArgs::ptr(const void* p) {
 }
 
 KernelArgs& KernelArgs::i32(int64_t v) {
-  TORCH_CHECK(v >= INT32_MIN && v <= INT32_MAX, "fk: kernel argument ", v,
+  FK_CHECK(v >= INT32_MIN && v <= INT32_MAX, "fk: kernel argument ", v,
               " does not fit in 32 bits");
   uint64_t* s = next("i32");
   int32_t x = static_cast<int32_t>(v);
@@ -229,34 +227,33 @@ KernelArgs& KernelArgs::f32(double v) {
   return *this;
 }
 
-bool aligned16(std::initializer_list<const at::Tensor*> tensors) {
-  for (const at::Tensor* t : tensors) {
+bool aligned16(std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors) {
     if (t->defined() && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0) return false;
   }
   return true;
 }
 
-void launch(const char* op, const KernelSpec& k, const at::Device& device,
+void launch(const char* op, const KernelSpec& k, const Device& device,
             std::array<int64_t, 3> grid, KernelArgs& args) {
-  TORCH_CHECK(args.n_ == k.num_params, op, ": kernel ", k.variant, " takes ", k.num_params,
+  FK_CHECK(args.n_ == k.num_params, op, ": kernel ", k.variant, " takes ", k.num_params,
               " arguments, got ", args.n_);
   if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return;
-  TORCH_CHECK(grid[0] * k.num_ctas <= INT32_MAX && grid[1] <= 65535 && grid[2] <= 65535, op,
+  FK_CHECK(grid[0] * k.num_ctas <= INT32_MAX && grid[1] <= 65535 && grid[2] <= 65535, op,
               ": launch grid (", grid[0], ", ", grid[1], ", ", grid[2], ") of kernel ",
               k.variant, " is too large");
   const int dev = device.index();
-  c10::cuda::CUDAGuard guard(device);
+  torch::stable::accelerator::DeviceGuard guard(dev);
   CUfunction fn = load_function(op, k, dev);
-  auto stream = c10::cuda::getCurrentCUDAStream(dev);
+  CUstream stream = current_stream(dev);
 
   // Triton's two hidden trailing parameters: global scratch and profile scratch.
-  at::Tensor scratch;
+  Tensor scratch;
   uint64_t global_scratch = 0, profile_scratch = 0;
   if (k.global_scratch_size > 0) {
     const int64_t bytes = static_cast<int64_t>(k.global_scratch_size) * grid[0] * grid[1] *
                           grid[2] * k.num_ctas;
-    scratch = at::empty({bytes + k.global_scratch_align},
-                        at::TensorOptions().dtype(at::kByte).device(device));
+    scratch = aten::empty({bytes + k.global_scratch_align}, kByte, device);
     uintptr_t p = reinterpret_cast<uintptr_t>(scratch.data_ptr());
     const uintptr_t a = static_cast<uintptr_t>(std::max(1, k.global_scratch_align));
     global_scratch = (p + a - 1) / a * a;
@@ -268,12 +265,12 @@ void launch(const char* op, const KernelSpec& k, const at::Device& device,
   args.ptrs_[n + 1] = &args.slots_[n + 1];
 
   const Driver& d = driver();
-  TORCH_CHECK(grid[0] % k.cluster == 0, op, ": kernel ", k.variant, " runs in clusters of ",
+  FK_CHECK(grid[0] % k.cluster == 0, op, ": kernel ", k.variant, " runs in clusters of ",
               k.cluster, " programs; grid ", grid[0], " is not a multiple");
   if (k.num_ctas == 1 && k.cluster == 1 && !k.launch_pdl && !k.cooperative) {
     FK_CU_CHECK(d.cuLaunchKernel(fn, static_cast<unsigned>(grid[0]),
                                  static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2]),
-                                 32 * k.num_warps, 1, 1, k.shared_bytes, stream.stream(),
+                                 32 * k.num_warps, 1, 1, k.shared_bytes, stream,
                                  args.ptrs_.data(), nullptr),
                 op, ": launching kernel ", k.variant);
     return;
@@ -305,7 +302,7 @@ void launch(const char* op, const KernelSpec& k, const at::Device& device,
   cfg.blockDimY = 1;
   cfg.blockDimZ = 1;
   cfg.sharedMemBytes = k.shared_bytes;
-  cfg.hStream = stream.stream();
+  cfg.hStream = stream;
   cfg.attrs = attrs;
   cfg.numAttrs = num_attrs;
   FK_CU_CHECK(d.cuLaunchKernelEx(&cfg, fn, args.ptrs_.data(), nullptr), op,

@@ -10,14 +10,13 @@
 // primary context (the one torch uses); kernels run on torch's current stream.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "runtime/kernel_table.h"
+#include "runtime/tensor.h"
 
 namespace fk::runtime {
 
@@ -38,11 +37,11 @@ class KernelFamily {
   // The variant for `t`'s dtype and device with exactly `flags` whose block is the
   // smallest >= min_block. Throws a clear error naming `op` when this build has no
   // kernels for the device, the dtype, or a block that large.
-  const KernelSpec& pick(const char* op, const at::Tensor& t, int64_t min_block,
+  const KernelSpec& pick(const char* op, const Tensor& t, int64_t min_block,
                          uint32_t flags) const;
 
   // Largest block built for this dtype and arch (0 when none).
-  int64_t max_block(const at::Tensor& t) const;
+  int64_t max_block(const Tensor& t) const;
 
  private:
   std::string name_;
@@ -54,7 +53,7 @@ const KernelFamily& family(const char* name);
 // Kernel arguments, packed as the kernel's parameter list expects them.
 class KernelArgs {
  public:
-  KernelArgs& ptr(const at::Tensor& t);
+  KernelArgs& ptr(const Tensor& t);
   KernelArgs& ptr(const void* p);
   KernelArgs& i32(int64_t v);  // checked to fit
   KernelArgs& i64(int64_t v);
@@ -62,7 +61,7 @@ class KernelArgs {
   int size() const { return n_; }
 
  private:
-  friend void launch(const char*, const KernelSpec&, const at::Device&, std::array<int64_t, 3>,
+  friend void launch(const char*, const KernelSpec&, const Device&, std::array<int64_t, 3>,
                      KernelArgs&);
   static constexpr int kMax = 30;
   std::array<uint64_t, kMax + 2> slots_{};
@@ -72,10 +71,10 @@ class KernelArgs {
 };
 
 // Launches `k` on `device` with a grid of (x, y, z) programs on the current stream.
-void launch(const char* op, const KernelSpec& k, const at::Device& device,
+void launch(const char* op, const KernelSpec& k, const Device& device,
             std::array<int64_t, 3> grid, KernelArgs& args);
 
 // 1 if every tensor's data pointer is 16-byte aligned, else 0; used to build variant flags.
-bool aligned16(std::initializer_list<const at::Tensor*> tensors);
+bool aligned16(std::initializer_list<const Tensor*> tensors);
 
 }  // namespace fk::runtime

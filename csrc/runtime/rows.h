@@ -2,7 +2,7 @@
 // flag and a persistent grid, shared by their CUDA kernels.
 #pragma once
 
-#include <ATen/core/Tensor.h>
+#include "runtime/tensor.h"
 
 #include <cstdint>
 #include <initializer_list>
@@ -10,21 +10,21 @@
 namespace fk::runtime {
 
 struct Rows {
-  at::Tensor x2d;  // contiguous (M, N) view of the input
+  Tensor x2d;  // contiguous (M, N) view of the input
   int64_t m, n;
 };
 
 // A contiguous (M, N) view of x over its last dim (a copy only when x is not contiguous).
-Rows as_rows(const at::Tensor& x);
+Rows as_rows(const Tensor& x);
 
 // kFlagAligned when n is a multiple of 16 and every defined tensor is 16-byte aligned.
-uint32_t flags_for(int64_t n, std::initializer_list<const at::Tensor*> tensors);
+uint32_t flags_for(int64_t n, std::initializer_list<const Tensor*> tensors);
 
 // A persistent grid over m rows: min(m, per_sm * multiprocessors) programs, each over a
 // contiguous range of rows_per_program rows (the last one may have fewer).
 struct PersistentGrid {
   int64_t rows_per_program, programs;
 };
-PersistentGrid persistent_grid(int64_t m, const at::Device& device, int64_t per_sm);
+PersistentGrid persistent_grid(int64_t m, const Device& device, int64_t per_sm);
 
 }  // namespace fk::runtime

@@ -1,8 +1,10 @@
 """fk: fused GPU kernels for LLM training.
 
 The kernels are Triton programs compiled ahead of time into cubins inside ``libfk.so``,
-which registers the PyTorch operators ``torch.ops.fk.*`` (CUDA, CPU reference, Meta and
-Autograd kernels). Importing fk loads that library; it never imports Triton.
+which registers the PyTorch operators ``torch.ops.fk.*`` (CUDA and CPU reference kernels)
+on PyTorch's stable ABI, so it loads in any torch from 2.11 on. Each op's module here adds
+its fake (meta) kernels and autograd formula. Importing fk loads that library; it never
+imports Triton.
 
     import fk
     y = fk.rms_norm(x, weight, eps=1e-6)          # functional API

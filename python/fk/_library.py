@@ -1,4 +1,8 @@
-"""Loads libfk, the C++ library that registers torch.ops.fk.*, from inside the package."""
+"""Loads libfk, the C++ library that registers torch.ops.fk.*, from inside the package.
+
+libfk is built on PyTorch's stable C ABI for torch 2.11 (TORCH_TARGET_VERSION), so the same
+library loads in every torch from 2.11 on; an older torch is refused with a clear message.
+"""
 from __future__ import annotations
 
 import os
@@ -9,6 +13,8 @@ import torch
 
 _PKG = Path(__file__).resolve().parent
 LIB_PATH = _PKG / "lib" / "libfk.so"
+#: The oldest torch libfk runs on: the stable ABI version it is built for.
+MIN_TORCH = (2, 11)
 _loaded = False
 
 
@@ -17,18 +23,13 @@ def _release(version: str) -> tuple:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
-def _cuda_tag(version: str) -> str:
-    m = re.search(r"\+(cu\d+)", version)
-    return m.group(1)[:4] if m else ""  # cu13x -> "cu13": the CUDA major version
-
-
-def _built_for() -> str | None:
-    try:
-        from . import _build_info
-
-        return _build_info.torch_version
-    except ImportError:
-        return None
+def check_torch_version(version: str) -> None:
+    """Raise ImportError naming both versions when `version` is older than MIN_TORCH."""
+    if _release(version) < MIN_TORCH:
+        need = ".".join(map(str, MIN_TORCH))
+        raise ImportError(f"fk needs torch >= {need} (its library is built on PyTorch's "
+                          f"stable ABI of torch {need}), but torch {version} is installed. "
+                          f"Upgrade torch: pip install 'torch>={need}'.")
 
 
 def load_library() -> Path:
@@ -36,30 +37,22 @@ def load_library() -> Path:
     global _loaded
     if _loaded:
         return LIB_PATH
+    check_torch_version(torch.__version__)
     path = Path(os.environ.get("FK_LIBRARY", LIB_PATH))
     if not path.exists():
         raise ImportError(
             f"fk: the compiled library {path} is missing. fk must be installed from a wheel or "
             "built with `pip install .` (a source checkout alone has no libfk.so).")
-    built = _built_for()
     try:
         torch.ops.load_library(str(path))
     except OSError as e:
-        hint = (f" It was built for torch {built}; this is torch {torch.__version__}."
-                if built else "")
-        raise ImportError(f"fk: cannot load {path}: {e}.{hint} Install the fk wheel that "
-                          "matches your torch, or rebuild fk against it.") from e
-    info = torch.ops.fk._build_info()
-    m = re.search(r"torch (\S+);", info)
-    built = m.group(1) if m else (built or "unknown")
-    now = torch.__version__
-    if _release(built) != _release(now) or _cuda_tag(built) != _cuda_tag(now):
-        raise ImportError(f"fk: {path} was built for torch {built}, but torch {now} is "
-                          "installed. Install the fk wheel built for your torch.")
+        raise ImportError(f"fk: cannot load {path} into torch {torch.__version__}: "
+                          f"{e.__cause__ or e}") from e
     _loaded = True
     return path
 
 
 def build_info() -> str:
-    """One line describing the loaded libfk: fk version, torch it was built for, GPU archs."""
+    """One line describing the loaded libfk: fk version, the torch it was built against and
+    the oldest it runs on, the GPU archs."""
     return torch.ops.fk._build_info()

@@ -4,9 +4,6 @@
 // that holds a row), longer rows to rms_norm_fwd_looped. Backward: a persistent grid of
 // programs, each over a range of rows, writing fp32 partial weight gradients that one
 // reduction sums.
-#include <ATen/ATen.h>
-#include <torch/library.h>
-
 #include <algorithm>
 
 #include "ops/rms_norm/rms_norm.h"
@@ -19,11 +16,11 @@ namespace fk::ops {
 
 namespace rms_cuda {
 
-at::Tensor reduce_dw(const char* op, const at::Tensor& partial, const at::Tensor& weight) {
+Tensor reduce_dw(const char* op, const Tensor& partial, const Tensor& weight) {
   // One pass over the fp32 partial rows, written in the weight's dtype.
   static const auto& reduce = runtime::family("rms_norm_dw");
   const int64_t n = partial.size(1);
-  auto dw = at::empty({n}, weight.options());
+  auto dw = aten::empty({n}, weight.scalar_type(), weight.device());
   const auto& k = reduce.pick(op, dw, 0, 0);
   runtime::KernelArgs args;
   args.ptr(partial).ptr(dw).i32(partial.size(0)).i32(n);
@@ -41,19 +38,18 @@ using runtime::flags_for;
 using runtime::persistent_grid;
 using rms_cuda::reduce_dw;
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_forward_cuda(const at::Tensor& x,
-                                                         const std::optional<at::Tensor>& weight,
-                                                         double eps, double offset,
-                                                         c10::string_view casting_mode) {
+std::tuple<Tensor, Tensor> rms_norm_forward_cuda(Tensor x, std::optional<Tensor> weight,
+                                                 double eps, double offset,
+                                                 std::string casting_mode) {
   constexpr const char* op = "fk::rms_norm";
   const auto casting = check_rms_norm(x, weight, casting_mode);
-  const bool has_w = weight.has_value() && weight->defined();
+  const bool has_w = has(weight);
   auto rows = as_rows(x);
-  auto y = at::empty(x.sizes(), x.options());
-  auto sizes = x.sizes();
-  auto rstd = at::empty(sizes.slice(0, sizes.size() - 1), x.options().dtype(at::kFloat));
+  auto y = aten::empty(x.sizes(), x.scalar_type(), x.device());
+  auto sizes = sizes_vec(x);
+  auto rstd = aten::empty(IntArrayRef(sizes.data(), sizes.size() - 1), kFloat, x.device());
   if (rows.m == 0 || rows.n == 0) return {y, rstd};
-  at::Tensor w = has_w ? weight->contiguous() : rows.x2d;  // unread when has_w == 0
+  Tensor w = has_w ? aten::contiguous(*weight) : rows.x2d;  // unread when has_w == 0
   const uint32_t flags = flags_for(rows.n, {&rows.x2d, &y, &w});
 
   static const auto& single = runtime::family("rms_norm_fwd");
@@ -69,25 +65,25 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_forward_cuda(const at::Tensor& x,
   return {y, rstd};
 }
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(
-    const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& weight,
-    const at::Tensor& rstd, double offset, c10::string_view casting_mode,
-    std::array<bool, 2> output_mask) {
+std::tuple<Tensor, Tensor> rms_norm_backward_cuda(Tensor grad_y, Tensor x,
+                                                  std::optional<Tensor> weight, Tensor rstd,
+                                                  double offset, std::string casting_mode,
+                                                  std::vector<bool> output_mask) {
   constexpr const char* op = "fk::_rms_norm_backward";
   const auto casting = check_rms_norm_backward(grad_y, x, weight, rstd, casting_mode);
-  TORCH_CHECK(rstd.scalar_type() == at::kFloat, op, ": rstd must be float32 on CUDA");
-  const bool has_w = weight.has_value() && weight->defined();
+  FK_CHECK(rstd.scalar_type() == kFloat, op, ": rstd must be float32 on CUDA");
+  const bool has_w = has(weight);
   auto rows = as_rows(x);
-  auto dy = grad_y.contiguous().view({rows.m, rows.n});
-  auto rstd_c = rstd.contiguous();
-  auto dx = at::empty(x.sizes(), x.options());
-  at::Tensor dw;
+  auto dy = aten::view(aten::contiguous(grad_y), {rows.m, rows.n});
+  auto rstd_c = aten::contiguous(rstd);
+  auto dx = aten::empty(x.sizes(), x.scalar_type(), x.device());
+  Tensor dw;
   const bool want_dw = output_mask[1] && has_w;
   if (rows.m == 0 || rows.n == 0) {
-    if (want_dw) dw = at::zeros_like(*weight);
+    if (want_dw) dw = aten::zeros_like(*weight);
     return {dx, dw};
   }
-  at::Tensor w = has_w ? weight->contiguous() : rows.x2d;
+  Tensor w = has_w ? aten::contiguous(*weight) : rows.x2d;
 
   static const auto& single = runtime::family("rms_norm_bwd");
   static const auto& looped = runtime::family("rms_norm_bwd_looped");
@@ -97,8 +93,8 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(
   const auto grid = persistent_grid(rows.m, x.device(), 2);
   // The kernels write partial weight gradients whenever there is a weight (has_w), so the
   // buffer exists then even if dw is not wanted (a frozen weight).
-  auto dw_partial = has_w ? at::empty({grid.programs, rows.n}, x.options().dtype(at::kFloat))
-                          : at::Tensor();
+  auto dw_partial =
+      has_w ? aten::empty({grid.programs, rows.n}, kFloat, x.device()) : Tensor();
   const uint32_t flags = flags_for(rows.n, {&rows.x2d, &dy, &dx, &w, &dw_partial});
   const auto& k = fits ? single.pick(op, rows.x2d, rows.n, flags)
                        : looped.pick(op, rows.x2d, 0, flags);
@@ -115,7 +111,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(
 }  // namespace
 }  // namespace fk::ops
 
-TORCH_LIBRARY_IMPL(fk, CUDA, m) {
-  m.impl("_rms_norm_forward", fk::ops::rms_norm_forward_cuda);
-  m.impl("_rms_norm_backward", fk::ops::rms_norm_backward_cuda);
+STABLE_TORCH_LIBRARY_IMPL(fk, CUDA, m) {
+  m.impl("_rms_norm_forward", TORCH_BOX(&fk::ops::rms_norm_forward_cuda));
+  m.impl("_rms_norm_backward", TORCH_BOX(&fk::ops::rms_norm_backward_cuda));
 }

@@ -3,11 +3,11 @@
 // views, variant flags and the persistent grid are runtime/rows.h.
 #pragma once
 
-#include <ATen/core/Tensor.h>
+#include "runtime/tensor.h"
 
 namespace fk::ops::rms_cuda {
 
 // dw (weight's shape and dtype) = the sum over rows of the fp32 (programs, N) partials.
-at::Tensor reduce_dw(const char* op, const at::Tensor& partial, const at::Tensor& weight);
+Tensor reduce_dw(const char* op, const Tensor& partial, const Tensor& weight);
 
 }  // namespace fk::ops::rms_cuda
