@@ -2,10 +2,7 @@
 // fp32.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
-#include <string_view>
-#include <tuple>
+#include <string>
 
 #include "ops/glu/glu.h"
 
@@ -19,19 +16,10 @@ enum class GeluApprox { None, Tanh };
 
 // Shared by every backend: the checks of every gated activation (glu.h) and a valid
 // `approximate`, which they return parsed.
-GeluApprox check_geglu(const at::Tensor& a, const at::Tensor& b, std::string_view approximate);
-GeluApprox check_geglu_backward(const at::Tensor& grad_c, const at::Tensor& a,
-                                const at::Tensor& b, std::string_view approximate);
-GeluApprox check_geglu_backward_in_place(const at::Tensor& grad_c, const at::Tensor& a,
-                                         const at::Tensor& b, std::string_view approximate);
-
-// Calls through the dispatcher (used by the autograd kernel and the public C++ API).
-at::Tensor geglu_call(const at::Tensor& a, const at::Tensor& b, std::string_view approximate,
-                      bool backward_in_place);
-void geglu_backward_in_place_call(const at::Tensor& grad_c, at::Tensor& a, at::Tensor& b,
-                                  std::string_view approximate);
-std::tuple<at::Tensor, at::Tensor> geglu_backward_call(const at::Tensor& grad_c,
-                                                       const at::Tensor& a, const at::Tensor& b,
-                                                       std::string_view approximate);
+GeluApprox check_geglu(const Tensor& a, const Tensor& b, const std::string& approximate);
+GeluApprox check_geglu_backward(const Tensor& grad_c, const Tensor& a, const Tensor& b,
+                                const std::string& approximate);
+GeluApprox check_geglu_backward_in_place(const Tensor& grad_c, const Tensor& a,
+                                         const Tensor& b, const std::string& approximate);
 
 }  // namespace fk::ops

@@ -1,8 +1,5 @@
 // CUDA kernels of fk::geglu: AOT-compiled Triton (triton_src/geglu.py), one kernel family
 // per gelu form and pass.
-#include <ATen/ATen.h>
-#include <torch/library.h>
-
 #include "ops/geglu/geglu.h"
 #include "ops/glu/glu_cuda.h"
 
@@ -16,21 +13,18 @@ const runtime::KernelFamily& kernels(GeluApprox approx, bool backward) {
   return *fams[approx == GeluApprox::Tanh][backward];
 }
 
-at::Tensor geglu_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_view approximate,
-                      bool) {
+Tensor geglu_cuda(Tensor a, Tensor b, std::string approximate, bool) {
   const auto approx = check_geglu(a, b, approximate);
   return glu::forward(kGegluNames.op, kernels(approx, false), a, b);
 }
 
-std::tuple<at::Tensor, at::Tensor> geglu_backward_cuda(const at::Tensor& grad_c,
-                                                       const at::Tensor& a, const at::Tensor& b,
-                                                       c10::string_view approximate) {
+std::tuple<Tensor, Tensor> geglu_backward_cuda(Tensor grad_c, Tensor a, Tensor b,
+                                               std::string approximate) {
   const auto approx = check_geglu_backward(grad_c, a, b, approximate);
   return glu::backward(kGegluNames.backward, kernels(approx, true), grad_c, a, b);
 }
 
-void geglu_backward_in_place_cuda(const at::Tensor& grad_c, at::Tensor& a, at::Tensor& b,
-                                  c10::string_view approximate) {
+void geglu_backward_in_place_cuda(Tensor grad_c, Tensor a, Tensor b, std::string approximate) {
   const auto approx = check_geglu_backward_in_place(grad_c, a, b, approximate);
   glu::backward_in_place(kGegluNames.backward_in_place, kernels(approx, true), grad_c, a, b);
 }
@@ -38,8 +32,8 @@ void geglu_backward_in_place_cuda(const at::Tensor& grad_c, at::Tensor& a, at::T
 }  // namespace
 }  // namespace fk::ops
 
-TORCH_LIBRARY_IMPL(fk, CUDA, m) {
-  m.impl("geglu", fk::ops::geglu_cuda);
-  m.impl("_geglu_backward", fk::ops::geglu_backward_cuda);
-  m.impl("_geglu_backward_", fk::ops::geglu_backward_in_place_cuda);
+STABLE_TORCH_LIBRARY_IMPL(fk, CUDA, m) {
+  m.impl("geglu", TORCH_BOX(&fk::ops::geglu_cuda));
+  m.impl("_geglu_backward", TORCH_BOX(&fk::ops::geglu_backward_cuda));
+  m.impl("_geglu_backward_", TORCH_BOX(&fk::ops::geglu_backward_in_place_cuda));
 }

@@ -1,58 +1,22 @@
 // Schemas of fk::swiglu and its backward, and the checks every backend shares.
+// Fake kernels and the autograd formula: python/fk/ops/swiglu.py and python/fk/ops/_glu.py.
 #include "ops/swiglu/swiglu.h"
-
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/library.h>
-
-#include "fk/fk.h"
 
 namespace fk::ops {
 
-void check_swiglu(const at::Tensor& a, const at::Tensor& b) {
-  glu::check_inputs(kSwigluNames, a, b);
-}
+void check_swiglu(const Tensor& a, const Tensor& b) { glu::check_inputs(kSwigluNames, a, b); }
 
-void check_swiglu_backward(const at::Tensor& grad_c, const at::Tensor& a, const at::Tensor& b) {
+void check_swiglu_backward(const Tensor& grad_c, const Tensor& a, const Tensor& b) {
   glu::check_backward(kSwigluNames, grad_c, a, b);
 }
 
-void check_swiglu_backward_in_place(const at::Tensor& grad_c, const at::Tensor& a,
-                                    const at::Tensor& b) {
+void check_swiglu_backward_in_place(const Tensor& grad_c, const Tensor& a, const Tensor& b) {
   glu::check_backward_in_place(kSwigluNames, grad_c, a, b);
-}
-
-at::Tensor swiglu_call(const at::Tensor& a, const at::Tensor& b, bool backward_in_place) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fk::swiglu", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, bool)>();
-  return op.call(a, b, backward_in_place);
-}
-
-void swiglu_backward_in_place_call(const at::Tensor& grad_c, at::Tensor& a, at::Tensor& b) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fk::_swiglu_backward_", "")
-                       .typed<void(const at::Tensor&, at::Tensor&, at::Tensor&)>();
-  op.call(grad_c, a, b);
-}
-
-std::tuple<at::Tensor, at::Tensor> swiglu_backward_call(const at::Tensor& grad_c,
-                                                        const at::Tensor& a,
-                                                        const at::Tensor& b) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fk::_swiglu_backward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                    const at::Tensor&)>();
-  return op.call(grad_c, a, b);
 }
 
 }  // namespace fk::ops
 
-at::Tensor fk::swiglu(const at::Tensor& a, const at::Tensor& b, bool backward_in_place) {
-  return fk::ops::swiglu_call(a, b, backward_in_place);
-}
-
-TORCH_LIBRARY_FRAGMENT(fk, m) {
+STABLE_TORCH_LIBRARY_FRAGMENT(fk, m) {
   // silu(a) * b elementwise; a and b of one shape, dtype and device. Output contiguous.
   // backward_in_place: the backward may write grad_a / grad_b into a's / b's memory (see
   // python/fk/ops/swiglu.py for when that is safe and when it is skipped).

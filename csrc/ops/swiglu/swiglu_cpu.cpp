@@ -1,45 +1,47 @@
-// CPU reference of fk::swiglu in plain ATen, fp32 accumulation (fp64 for fp64 inputs).
-#include <ATen/ATen.h>
-#include <torch/library.h>
-
+// CPU reference of fk::swiglu in ATen operators (through the stable dispatcher), fp32
+// accumulation (fp64 for fp64 inputs).
 #include "ops/swiglu/swiglu.h"
 #include "runtime/checks.h"
 
 namespace fk::ops {
 namespace {
 
-at::Tensor swiglu_cpu(const at::Tensor& a, const at::Tensor& b, bool) {
+Tensor swiglu_cpu(Tensor a, Tensor b, bool) {
   check_swiglu(a, b);
   const auto acc = checks::acc_type(a);
-  auto af = a.to(acc);
-  return (af * at::sigmoid(af) * b.to(acc)).to(a.scalar_type()).contiguous();
+  auto af = aten::to(a, acc);
+  return aten::contiguous(aten::to(af * aten::sigmoid(af) * aten::to(b, acc), a.scalar_type()));
 }
 
-std::tuple<at::Tensor, at::Tensor> swiglu_backward_cpu(const at::Tensor& grad_c,
-                                                       const at::Tensor& a,
-                                                       const at::Tensor& b) {
-  check_swiglu_backward(grad_c, a, b);
+std::tuple<Tensor, Tensor> swiglu_backward_reference(const Tensor& grad_c, const Tensor& a,
+                                                     const Tensor& b) {
   const auto acc = checks::acc_type(a);
-  auto af = a.to(acc), bf = b.to(acc), dc = grad_c.to(acc);
-  auto s = at::sigmoid(af);
+  auto af = aten::to(a, acc), bf = aten::to(b, acc), dc = aten::to(grad_c, acc);
+  auto s = aten::sigmoid(af);
   auto silu = af * s;
   auto db = dc * silu;
-  auto da = dc * bf * (s + silu * (1 - s));
-  return {da.to(a.scalar_type()).contiguous(), db.to(a.scalar_type()).contiguous()};
+  auto da = dc * bf * (s + silu * (1.0 - s));
+  return {aten::contiguous(aten::to(da, a.scalar_type())),
+          aten::contiguous(aten::to(db, a.scalar_type()))};
 }
 
-void swiglu_backward_in_place_cpu(const at::Tensor& grad_c, at::Tensor& a, at::Tensor& b) {
+std::tuple<Tensor, Tensor> swiglu_backward_cpu(Tensor grad_c, Tensor a, Tensor b) {
+  check_swiglu_backward(grad_c, a, b);
+  return swiglu_backward_reference(grad_c, a, b);
+}
+
+void swiglu_backward_in_place_cpu(Tensor grad_c, Tensor a, Tensor b) {
   check_swiglu_backward_in_place(grad_c, a, b);
-  auto [da, db] = swiglu_backward_cpu(grad_c, a, b);
-  a.copy_(da);
-  b.copy_(db);
+  auto [da, db] = swiglu_backward_reference(grad_c, a, b);
+  aten::copy_(a, da);
+  aten::copy_(b, db);
 }
 
 }  // namespace
 }  // namespace fk::ops
 
-TORCH_LIBRARY_IMPL(fk, CPU, m) {
-  m.impl("swiglu", fk::ops::swiglu_cpu);
-  m.impl("_swiglu_backward", fk::ops::swiglu_backward_cpu);
-  m.impl("_swiglu_backward_", fk::ops::swiglu_backward_in_place_cpu);
+STABLE_TORCH_LIBRARY_IMPL(fk, CPU, m) {
+  m.impl("swiglu", TORCH_BOX(&fk::ops::swiglu_cpu));
+  m.impl("_swiglu_backward", TORCH_BOX(&fk::ops::swiglu_backward_cpu));
+  m.impl("_swiglu_backward_", TORCH_BOX(&fk::ops::swiglu_backward_in_place_cpu));
 }

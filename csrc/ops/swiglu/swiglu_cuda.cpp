@@ -1,7 +1,4 @@
 // CUDA kernels of fk::swiglu: AOT-compiled Triton (triton_src/swiglu.py).
-#include <ATen/ATen.h>
-#include <torch/library.h>
-
 #include "ops/glu/glu_cuda.h"
 #include "ops/swiglu/swiglu.h"
 
@@ -18,19 +15,17 @@ const runtime::KernelFamily& backward_kernels() {
   return fam;
 }
 
-at::Tensor swiglu_cuda(const at::Tensor& a, const at::Tensor& b, bool) {
+Tensor swiglu_cuda(Tensor a, Tensor b, bool) {
   check_swiglu(a, b);
   return glu::forward(kSwigluNames.op, forward_kernels(), a, b);
 }
 
-std::tuple<at::Tensor, at::Tensor> swiglu_backward_cuda(const at::Tensor& grad_c,
-                                                        const at::Tensor& a,
-                                                        const at::Tensor& b) {
+std::tuple<Tensor, Tensor> swiglu_backward_cuda(Tensor grad_c, Tensor a, Tensor b) {
   check_swiglu_backward(grad_c, a, b);
   return glu::backward(kSwigluNames.backward, backward_kernels(), grad_c, a, b);
 }
 
-void swiglu_backward_in_place_cuda(const at::Tensor& grad_c, at::Tensor& a, at::Tensor& b) {
+void swiglu_backward_in_place_cuda(Tensor grad_c, Tensor a, Tensor b) {
   check_swiglu_backward_in_place(grad_c, a, b);
   glu::backward_in_place(kSwigluNames.backward_in_place, backward_kernels(), grad_c, a, b);
 }
@@ -38,8 +33,8 @@ void swiglu_backward_in_place_cuda(const at::Tensor& grad_c, at::Tensor& a, at::
 }  // namespace
 }  // namespace fk::ops
 
-TORCH_LIBRARY_IMPL(fk, CUDA, m) {
-  m.impl("swiglu", fk::ops::swiglu_cuda);
-  m.impl("_swiglu_backward", fk::ops::swiglu_backward_cuda);
-  m.impl("_swiglu_backward_", fk::ops::swiglu_backward_in_place_cuda);
+STABLE_TORCH_LIBRARY_IMPL(fk, CUDA, m) {
+  m.impl("swiglu", TORCH_BOX(&fk::ops::swiglu_cuda));
+  m.impl("_swiglu_backward", TORCH_BOX(&fk::ops::swiglu_backward_cuda));
+  m.impl("_swiglu_backward_", TORCH_BOX(&fk::ops::swiglu_backward_in_place_cuda));
 }

@@ -1,4 +1,11 @@
+"""fk.geglu. Autograd: registered on fk::geglu itself (its backward needs only a and b),
+by python/fk/ops/_glu.py; the backward calls fk::_geglu_backward, or fk::_geglu_backward_
+to write the gradients into a's and b's memory (backward_in_place)."""
 import torch
+
+from . import _checks as c, _glu
+
+APPROXIMATE = ("tanh", "none")
 
 
 def geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "tanh",
@@ -27,3 +34,17 @@ def geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "tanh",
         first. Differentiable in ``a`` and ``b``; the backward recomputes ``gelu``.
     """
     return torch.ops.fk.geglu(a, b, approximate, backward_in_place)
+
+
+# --- fake kernels (same checks and messages as csrc/ops/glu/glu.h) and autograd ----------
+
+NAMES = _glu.OpNames("geglu")
+
+
+def check_approximate(approximate="tanh"):
+    c.check(approximate in APPROXIMATE, NAMES.op,
+            ": approximate must be 'tanh' or 'none', got '", approximate, "'")
+
+
+_glu.register_fakes(NAMES, check_approximate)
+_glu.register_autograd(NAMES)

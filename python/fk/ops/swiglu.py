@@ -1,4 +1,9 @@
+"""fk.swiglu. Autograd: registered on fk::swiglu itself (its backward needs only a and b),
+by python/fk/ops/_glu.py; the backward calls fk::_swiglu_backward, or fk::_swiglu_backward_
+to write the gradients into a's and b's memory (backward_in_place)."""
 import torch
+
+from . import _glu
 
 
 def swiglu(a: torch.Tensor, b: torch.Tensor, backward_in_place: bool = False) -> torch.Tensor:
@@ -22,3 +27,10 @@ def swiglu(a: torch.Tensor, b: torch.Tensor, backward_in_place: bool = False) ->
         memory first. Differentiable in ``a`` and ``b``; the backward recomputes ``silu``.
     """
     return torch.ops.fk.swiglu(a, b, backward_in_place)
+
+
+# --- fake kernels (same checks and messages as csrc/ops/glu/glu.h) and autograd ----------
+
+NAMES = _glu.OpNames("swiglu")
+_glu.register_fakes(NAMES)
+_glu.register_autograd(NAMES)
