@@ -1,27 +1,25 @@
-// Schemas of fk::swiglu_linear and its internal forward / backward, and the shared checks.
+// Schemas of fk::swiglu_linear and its internal forward / gate-gradient ops, and the shared
+// checks. Fake kernels and the autograd formula: python/fk/ops/swiglu_linear.py.
 #include "ops/swiglu_linear/swiglu_linear.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/library.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
-#include "fk/fk.h"
+#include "ops/glu/glu.h"
 #include "runtime/checks.h"
 
 namespace fk::ops {
 
-void check_swiglu_linear(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up) {
+void check_swiglu_linear(const Tensor& x, const Tensor& w_gate, const Tensor& w_up) {
   constexpr const char* op = "fk::swiglu_linear";
-  TORCH_CHECK(x.dim() >= 1, op, ": x must have at least one dimension, got a scalar");
+  FK_CHECK(x.dim() >= 1, op, ": x must have at least one dimension, got a scalar");
   checks::check_pair(op, "x", x, "w_gate", w_gate);
   checks::check_pair(op, "x", x, "w_up", w_up);
-  TORCH_CHECK(w_gate.dim() == 2 && w_gate.sym_size(1) == x.sym_size(-1), op,
-              ": w_gate must have shape (N, ", x.sym_size(-1),
-              ") to match the last dim of x, got ", w_gate.sym_sizes());
+  FK_CHECK(w_gate.dim() == 2 && w_gate.size(1) == x.size(-1), op, ": w_gate must have shape (N, ",
+           x.size(-1), ") to match the last dim of x, got ", shape_of(w_gate));
   checks::check_same_shape(op, "w_gate", w_gate, "w_up", w_up);
 }
 
-void check_swiglu_linear_gate_grads(const at::Tensor& grad_out, const at::Tensor& t,
-                                    const at::Tensor& s) {
+void check_swiglu_linear_gate_grads(const Tensor& grad_out, const Tensor& t, const Tensor& s) {
   constexpr const char* op = "fk::_swiglu_linear_gate_grads";
   checks::check_pair(op, "grad_out", grad_out, "t", t);
   checks::check_pair(op, "s", s, "t", t);
@@ -29,56 +27,31 @@ void check_swiglu_linear_gate_grads(const at::Tensor& grad_out, const at::Tensor
   checks::check_same_shape(op, "s", s, "t", t);
 }
 
-void check_swiglu_linear_gate_grads_in_place(const at::Tensor& grad_out, const at::Tensor& t,
-                                             const at::Tensor& s) {
+void check_swiglu_linear_gate_grads_in_place(const Tensor& grad_out, const Tensor& t,
+                                             const Tensor& s) {
   constexpr const char* op = "fk::_swiglu_linear_gate_grads_";
   check_swiglu_linear_gate_grads(grad_out, t, s);
-  TORCH_CHECK(t.is_contiguous() && s.is_contiguous(), op, ": t and s must be contiguous");
-  TORCH_CHECK(t.numel() == 0 || !t.is_alias_of(s), op, ": t and s must not share memory");
+  FK_CHECK(t.is_contiguous() && s.is_contiguous(), op, ": t and s must be contiguous");
+  FK_CHECK(t.numel() == 0 || !glu::share_storage(t, s), op, ": t and s must not share memory");
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_forward_call(
-    const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
-    std::array<bool, 2> output_mask) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fk::_swiglu_linear_forward", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           std::array<bool, 2>)>();
-  return op.call(x, w_gate, w_up, output_mask);
+namespace {
+
+// swiglu_linear on any backend is the first output of _swiglu_linear_forward, whose
+// autograd formula (python/fk/ops/swiglu_linear.py) saves the factors s, t it returns, or
+// only the inputs when they are not returned (recompute). Without grad mode nothing will
+// differentiate the call, so only z is written. (fk.swiglu_linear in Python also skips the
+// factors when no input requires grad; the stable ABI has no requires_grad query.)
+Tensor swiglu_linear_composite(Tensor x, Tensor w_gate, Tensor w_up, bool recompute) {
+  const bool mask[2] = {true, !recompute && aoti_torch_grad_mode_is_enabled()};
+  return aten::call_n<3>("fk::_swiglu_linear_forward", "", x, w_gate, w_up,
+                         torch::headeronly::HeaderOnlyArrayRef<bool>(mask, 2))[0];
 }
 
-std::tuple<at::Tensor, at::Tensor> swiglu_linear_gate_grads_call(const at::Tensor& grad_out,
-                                                                 const at::Tensor& t,
-                                                                 const at::Tensor& s) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fk::_swiglu_linear_gate_grads", "")
-          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                    const at::Tensor&)>();
-  return op.call(grad_out, t, s);
-}
-
-void swiglu_linear_gate_grads_in_place_call(const at::Tensor& grad_out, at::Tensor& t,
-                                            at::Tensor& s) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fk::_swiglu_linear_gate_grads_", "")
-                       .typed<void(const at::Tensor&, at::Tensor&, at::Tensor&)>();
-  op.call(grad_out, t, s);
-}
-
+}  // namespace
 }  // namespace fk::ops
 
-at::Tensor fk::swiglu_linear(const at::Tensor& x, const at::Tensor& w_gate,
-                             const at::Tensor& w_up, bool recompute) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fk::swiglu_linear", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
-                                         const at::Tensor&, bool)>();
-  return op.call(x, w_gate, w_up, recompute);
-}
-
-TORCH_LIBRARY_FRAGMENT(fk, m) {
+STABLE_TORCH_LIBRARY_FRAGMENT(fk, m) {
   // silu(x @ w_gate^T) * (x @ w_up^T). x: (..., K); w_gate, w_up: (N, K) (nn.Linear
   // weights); result (..., N), contiguous. recompute: keep nothing for backward but the
   // inputs and recompute the backward factors there (one more forward GEMM).
@@ -94,18 +67,6 @@ TORCH_LIBRARY_FRAGMENT(fk, m) {
   m.def("_swiglu_linear_gate_grads_(Tensor grad_out, Tensor(a!) t, Tensor(b!) s) -> ()");
 }
 
-namespace fk::ops {
-namespace {
-
-// swiglu_linear on any backend is the first output of _swiglu_linear_forward.
-at::Tensor swiglu_linear_composite(const at::Tensor& x, const at::Tensor& w_gate,
-                                   const at::Tensor& w_up, bool) {
-  return std::get<0>(swiglu_linear_forward_call(x, w_gate, w_up, {true, false}));
-}
-
-}  // namespace
-}  // namespace fk::ops
-
-TORCH_LIBRARY_IMPL(fk, CompositeExplicitAutograd, m) {
-  m.impl("swiglu_linear", fk::ops::swiglu_linear_composite);
+STABLE_TORCH_LIBRARY_IMPL(fk, CompositeImplicitAutograd, m) {
+  m.impl("swiglu_linear", TORCH_BOX(&fk::ops::swiglu_linear_composite));
 }

@@ -3,11 +3,7 @@
 // Forward: inputs are made contiguous (x as (M, K) rows, the weights as (N, K)); a copy is
 // made only for inputs that are not. One launch writes z and / or the factors s, t. The
 // backward's elementwise step is one launch over grad_out, t, s (the gated activations'
-// launch helpers); its GEMMs run through ATen (see swiglu_linear_autograd.cpp).
-#include <ATen/ATen.h>
-#include <c10/util/accumulate.h>
-#include <torch/library.h>
-
+// launch helpers); its GEMMs run through torch (python/fk/ops/swiglu_linear.py).
 #include <algorithm>
 
 #include "ops/glu/glu_cuda.h"
@@ -20,15 +16,17 @@ namespace {
 
 using runtime::KernelArgs;
 
-// Contiguous (rows, last dim) view of t (a copy only when t is not contiguous).
-at::Tensor as_rows(const at::Tensor& t) {
-  const int64_t m = c10::multiply_integers(t.sizes().slice(0, t.dim() - 1));
-  return t.contiguous().view({m, t.size(-1)});
+// Contiguous (rows, last dim) view of t (a copy only when t is not contiguous); the row
+// count is the product of the leading dims, also when the last dim is 0.
+Tensor as_rows(const Tensor& t) {
+  int64_t m = 1;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) m *= t.size(d);
+  return aten::view(aten::contiguous(t), {m, t.size(-1)});
 }
 
 // The aligned variants assume 16-byte aligned pointers and N, K multiples of 16 (every row
 // of every operand then starts 16-byte aligned).
-uint32_t flags_for(int64_t n, int64_t k, std::initializer_list<const at::Tensor*> tensors) {
+uint32_t flags_for(int64_t n, int64_t k, std::initializer_list<const Tensor*> tensors) {
   return (n % 16 == 0 && k % 16 == 0 && runtime::aligned16(tensors)) ? runtime::kFlagAligned
                                                                      : 0;
 }
@@ -39,22 +37,24 @@ int64_t tiles(const runtime::KernelSpec& k, const char* rows_block, int64_t rows
          checks::ceil_div(cols, k.constexpr_value(cols_block));
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_linear_forward_cuda(
-    const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
-    std::array<bool, 2> output_mask) {
+std::tuple<Tensor, Tensor, Tensor> swiglu_linear_forward_cuda(Tensor x, Tensor w_gate,
+                                                              Tensor w_up,
+                                                              std::vector<bool> output_mask) {
   constexpr const char* op = "fk::swiglu_linear";
   check_swiglu_linear(x, w_gate, w_up);
   auto x2 = as_rows(x);
-  auto wg = w_gate.contiguous(), wu = w_up.contiguous();
+  auto wg = aten::contiguous(w_gate), wu = aten::contiguous(w_up);
   const int64_t m = x2.size(0), k = x2.size(1), n = wg.size(0);
-  auto sizes = x.sizes().vec();
+  auto sizes = sizes_vec(x);
   sizes.back() = n;
-  auto make = [&](bool want) { return want ? at::empty(sizes, x.options()) : at::Tensor(); };
-  at::Tensor z = make(output_mask[0]), s = make(output_mask[1]), t = make(output_mask[1]);
+  auto make = [&](bool want) {
+    return want ? aten::empty(sizes, x.scalar_type(), x.device()) : Tensor();
+  };
+  Tensor z = make(output_mask[0]), s = make(output_mask[1]), t = make(output_mask[1]);
   if (m == 0 || n == 0 || !(output_mask[0] || output_mask[1])) return {z, s, t};
   if (k == 0) {  // a = b = 0, so z, s and t are zero; no launch (nor a TMA descriptor of width 0)
-    for (at::Tensor* out : {&z, &s, &t}) {
-      if (out->defined()) out->zero_();
+    for (const Tensor* out : {&z, &s, &t}) {
+      if (out->defined()) aten::zero_(*out);
     }
     return {z, s, t};
   }
@@ -79,15 +79,12 @@ const runtime::KernelFamily& gate_grads_kernels() {
   return fam;
 }
 
-std::tuple<at::Tensor, at::Tensor> swiglu_linear_gate_grads_cuda(const at::Tensor& grad_out,
-                                                                 const at::Tensor& t,
-                                                                 const at::Tensor& s) {
+std::tuple<Tensor, Tensor> swiglu_linear_gate_grads_cuda(Tensor grad_out, Tensor t, Tensor s) {
   check_swiglu_linear_gate_grads(grad_out, t, s);
   return glu::backward("fk::_swiglu_linear_gate_grads", gate_grads_kernels(), grad_out, t, s);
 }
 
-void swiglu_linear_gate_grads_in_place_cuda(const at::Tensor& grad_out, at::Tensor& t,
-                                            at::Tensor& s) {
+void swiglu_linear_gate_grads_in_place_cuda(Tensor grad_out, Tensor t, Tensor s) {
   check_swiglu_linear_gate_grads_in_place(grad_out, t, s);
   glu::backward_in_place("fk::_swiglu_linear_gate_grads_", gate_grads_kernels(), grad_out, t, s);
 }
@@ -95,8 +92,9 @@ void swiglu_linear_gate_grads_in_place_cuda(const at::Tensor& grad_out, at::Tens
 }  // namespace
 }  // namespace fk::ops
 
-TORCH_LIBRARY_IMPL(fk, CUDA, m) {
-  m.impl("_swiglu_linear_forward", fk::ops::swiglu_linear_forward_cuda);
-  m.impl("_swiglu_linear_gate_grads", fk::ops::swiglu_linear_gate_grads_cuda);
-  m.impl("_swiglu_linear_gate_grads_", fk::ops::swiglu_linear_gate_grads_in_place_cuda);
+STABLE_TORCH_LIBRARY_IMPL(fk, CUDA, m) {
+  m.impl("_swiglu_linear_forward", TORCH_BOX(&fk::ops::swiglu_linear_forward_cuda));
+  m.impl("_swiglu_linear_gate_grads", TORCH_BOX(&fk::ops::swiglu_linear_gate_grads_cuda));
+  m.impl("_swiglu_linear_gate_grads_",
+         TORCH_BOX(&fk::ops::swiglu_linear_gate_grads_in_place_cuda));
 }

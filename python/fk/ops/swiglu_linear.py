@@ -1,4 +1,16 @@
+"""fk.swiglu_linear. Autograd: registered on fk::_swiglu_linear_forward (its backward needs
+the factors s, t that only this internal forward returns); fk::swiglu_linear is its
+CompositeImplicitAutograd C++ kernel, which calls fk::_swiglu_linear_forward, and
+fk.swiglu_linear calls that op directly. The backward calls fk::_swiglu_linear_gate_grads,
+or fk::_swiglu_linear_gate_grads_ to write the gate gradients over the saved factors, then
+the products through torch.mm (cuBLAS on CUDA)."""
+import math
+
 import torch
+from torch.autograd.function import once_differentiable
+
+from . import _checks as c
+from ._glu import can_write_grads_into_inputs
 
 
 def swiglu_linear(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
@@ -42,4 +54,127 @@ def swiglu_linear(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     the peak is the same; the saving is per layer whose activations wait for the
     backward (activation checkpointing gets the same effect for whole blocks).
     """
-    return torch.ops.fk.swiglu_linear(x, w_gate, w_up, recompute)
+    # torch.ops.fk.swiglu_linear is this same call (its composite kernel); calling the
+    # forward op directly saves one dispatch, and here the factors are skipped also when
+    # grad mode is on but no input requires grad.
+    keep_factors = (not recompute and torch.is_grad_enabled()
+                    and (x.requires_grad or w_gate.requires_grad or w_up.requires_grad))
+    return torch.ops.fk._swiglu_linear_forward(x, w_gate, w_up, [True, keep_factors])[0]
+
+
+# --- checks and fake kernels (csrc/ops/swiglu_linear/swiglu_linear.cpp raises the same
+# messages) --------------------------------------------------------------------------------
+
+def check_swiglu_linear(x, w_gate, w_up):
+    op = "fk::swiglu_linear"
+    c.check(x.dim() >= 1, op, ": x must have at least one dimension, got a scalar")
+    c.check_pair(op, "x", x, "w_gate", w_gate)
+    c.check_pair(op, "x", x, "w_up", w_up)
+    c.check(w_gate.dim() == 2 and w_gate.shape[1] == x.shape[-1], op,
+            ": w_gate must have shape (N, ", x.shape[-1], ") to match the last dim of x, got ",
+            c.shape_text(w_gate))
+    c.check_same_shape(op, "w_gate", w_gate, "w_up", w_up)
+
+
+def check_swiglu_linear_gate_grads(grad_out, t, s):
+    op = "fk::_swiglu_linear_gate_grads"
+    c.check_pair(op, "grad_out", grad_out, "t", t)
+    c.check_pair(op, "s", s, "t", t)
+    c.check_same_shape(op, "grad_out", grad_out, "t", t)
+    c.check_same_shape(op, "s", s, "t", t)
+
+
+def check_swiglu_linear_gate_grads_in_place(grad_out, t, s):
+    op = "fk::_swiglu_linear_gate_grads_"
+    check_swiglu_linear_gate_grads(grad_out, t, s)
+    c.check(t.is_contiguous() and s.is_contiguous(), op, ": t and s must be contiguous")
+    c.check(t.numel() == 0 or not torch._C._is_alias_of(t, s), op,
+            ": t and s must not share memory")
+
+
+@torch.library.register_fake("fk::_swiglu_linear_forward")
+def _forward_fake(x, w_gate, w_up, output_mask):
+    check_swiglu_linear(x, w_gate, w_up)
+    shape = (*x.shape[:-1], w_gate.shape[0])
+
+    def make(want):
+        return x.new_empty(shape) if want else None
+
+    return make(output_mask[0]), make(output_mask[1]), make(output_mask[1])
+
+
+@torch.library.register_fake("fk::_swiglu_linear_gate_grads")
+def _gate_grads_fake(grad_out, t, s):
+    check_swiglu_linear_gate_grads(grad_out, t, s)
+    return (torch.empty_like(t, memory_format=torch.contiguous_format),
+            torch.empty_like(s, memory_format=torch.contiguous_format))
+
+
+@torch.library.register_fake("fk::_swiglu_linear_gate_grads_")
+def _gate_grads_in_place_fake(grad_out, t, s):
+    check_swiglu_linear_gate_grads_in_place(grad_out, t, s)
+
+
+# --- autograd: the forward keeps x, the weights and the factors s, t (only x and the
+# weights with recompute: the backward forms s, t again first) ------------------------------
+
+def _rows(t):
+    """(rows, last dim) view of t (a copy only when t's layout does not allow one); also for
+    empty tensors, where -1 would be ambiguous."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
+def _setup_context(ctx, inputs, output):
+    x, w_gate, w_up, _output_mask = inputs
+    _z, s, t = output
+    ctx.save_for_backward(x, w_gate, w_up, s, t)
+    # s and t are the backward's factors, not differentiable results; their gradients are
+    # never formed (no zero tensors of z's size in the backward).
+    ctx.mark_non_differentiable(*(f for f in (s, t) if f is not None))
+    ctx.set_materialize_grads(False)
+
+
+@once_differentiable
+def _gradients(ctx, grad_z):
+    x, w_gate, w_up, s, t = ctx.saved_tensors
+    need_x, need_wg, need_wu = ctx.needs_input_grad[:3]
+    if grad_z is None or not (need_x or need_wg or need_wu):
+        return None, None, None, None
+    if s is None:  # recompute
+        _, s, t = torch.ops.fk._swiglu_linear_forward(x, w_gate, w_up, [False, True])
+    if ctx.write_over_factors and can_write_grads_into_inputs(t, s):
+        torch.ops.fk._swiglu_linear_gate_grads_(grad_z, t, s)
+        # Anything else that saved s or t for its backward now fails loudly on unpacking
+        # instead of reading gradients as if they were activations.
+        torch.autograd.graph.increment_version((t, s))
+        da, db = t.detach(), s.detach()
+    else:
+        da, db = torch.ops.fk._swiglu_linear_gate_grads(grad_z, t, s)
+    da2, db2 = _rows(da), _rows(db)
+    dx = dwg = dwu = None
+    if need_x:  # one product, the other added onto it in place
+        dx = torch.mm(da2, w_gate).addmm_(db2, w_up).view(x.shape)
+    if need_wg or need_wu:
+        x2 = _rows(x)
+        if need_wg:
+            dwg = torch.mm(da2.t(), x2)
+        if need_wu:
+            dwu = torch.mm(db2.t(), x2)
+    return dx, dwg, dwu, None
+
+
+def _backward(ctx, grad_z, _grad_s, _grad_t):
+    # Decided before once_differentiable turns grad mode off: the gate gradients go over the
+    # saved (or recomputed) factors only when this backward neither retains the graph (a
+    # second backward would read s and t) nor builds a higher-order graph (create_graph),
+    # and the factors allow it (plain, contiguous, separate tensors); else new tensors.
+    ctx.write_over_factors = (not torch.is_grad_enabled()
+                              and not torch._C._autograd._get_current_graph_task_keep_graph())
+    return _gradients(ctx, grad_z)
+
+
+# This is _autograd.register (register_autograd with a backward that runs once: a double
+# backward raises torch's "differentiate twice" error) plus the grad-mode check above, which
+# must run outside once_differentiable's no_grad.
+torch.library.register_autograd("fk::_swiglu_linear_forward", _backward,
+                                setup_context=_setup_context)
