@@ -1,56 +1,53 @@
-// CPU reference of fk::layer_norm in plain ATen: statistics and affine in fp32 (fp64 for fp64
-// inputs), one rounding of y to the input dtype.
-#include <ATen/ATen.h>
-#include <torch/library.h>
-
-#include <cmath>
-
+// CPU reference of fk::layer_norm in ATen operators (through the stable dispatcher):
+// statistics and affine in fp32 (fp64 for fp64 inputs), one rounding of y to the input dtype.
 #include "ops/layer_norm/layer_norm.h"
 #include "runtime/checks.h"
 
 namespace fk::ops {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_cpu(
-    const at::Tensor& x, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, double eps) {
+std::tuple<Tensor, Tensor, Tensor> layer_norm_forward_cpu(Tensor x,
+                                                          std::optional<Tensor> weight,
+                                                          std::optional<Tensor> bias,
+                                                          double eps) {
   check_layer_norm(x, weight, bias);
   const auto acc = checks::acc_type(x);
-  auto xf = x.to(acc);
-  auto mean = xf.mean(-1, /*keepdim=*/true);
+  auto xf = aten::to(x, acc);
+  auto mean = aten::mean(xf, {-1}, /*keepdim=*/true);
   auto xc = xf - mean;
-  auto rstd = at::rsqrt((xc * xc).mean(-1, /*keepdim=*/true) + eps);
+  auto rstd = aten::rsqrt(aten::mean(xc * xc, {-1}, /*keepdim=*/true) + eps);
   auto y = xc * rstd;
-  if (has(weight)) y = y * weight->to(acc);
-  if (has(bias)) y = y + bias->to(acc);
-  return {y.to(x.scalar_type()).contiguous(), mean.squeeze(-1).contiguous(),
-          rstd.squeeze(-1).contiguous()};
+  if (has(weight)) y = y * aten::to(*weight, acc);
+  if (has(bias)) y = y + aten::to(*bias, acc);
+  return {aten::contiguous(aten::to(y, x.scalar_type())),
+          aten::contiguous(aten::squeeze(mean, -1)), aten::contiguous(aten::squeeze(rstd, -1))};
 }
 
-// Sum over every row of x, as a (N,) tensor of `dtype` (zeros when N or the row count is 0).
-at::Tensor column_sum(const at::Tensor& t, int64_t n, at::ScalarType dtype) {
-  if (n == 0) return at::zeros({0}, t.options().dtype(dtype));
-  return t.reshape({-1, n}).sum(0).to(dtype);
+// Sum over every row of t, as a (N,) tensor of `dtype` (zeros when N or the row count is 0).
+Tensor column_sum(const Tensor& t, int64_t n, ScalarType dtype) {
+  if (n == 0) return aten::zeros({0}, dtype, t.device());
+  return aten::to(aten::sum(aten::reshape(t, {-1, n}), {0}), dtype);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_cpu(
-    const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& weight,
-    const at::Tensor& mean, const at::Tensor& rstd, std::array<bool, 3> output_mask) {
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward_cpu(Tensor grad_y, Tensor x,
+                                                           std::optional<Tensor> weight,
+                                                           Tensor mean, Tensor rstd,
+                                                           std::vector<bool> output_mask) {
   check_layer_norm_backward(grad_y, x, weight, mean, rstd);
   const auto acc = checks::acc_type(x);
   const int64_t n = x.size(-1);
-  auto dy = grad_y.to(acc);
-  auto r = rstd.to(acc).unsqueeze(-1);
-  auto xh = (x.to(acc) - mean.to(acc).unsqueeze(-1)) * r;
-  at::Tensor dx, dw, db;
+  auto dy = aten::to(grad_y, acc);
+  auto r = aten::unsqueeze(aten::to(rstd, acc), -1);
+  auto xh = (aten::to(x, acc) - aten::unsqueeze(aten::to(mean, acc), -1)) * r;
+  Tensor dx, dw, db;
   if (output_mask[0]) {
     if (n > 0) {
-      auto g = has(weight) ? dy * weight->to(acc) : dy;
-      auto c1 = g.mean(-1, /*keepdim=*/true);
-      auto c2 = (g * xh).mean(-1, /*keepdim=*/true);
-      dx = (r * (g - c1 - xh * c2)).to(x.scalar_type()).contiguous();
+      auto g = has(weight) ? dy * aten::to(*weight, acc) : dy;
+      auto c1 = aten::mean(g, {-1}, /*keepdim=*/true);
+      auto c2 = aten::mean(g * xh, {-1}, /*keepdim=*/true);
+      dx = aten::contiguous(aten::to(r * (g - c1 - xh * c2), x.scalar_type()));
     } else {
-      dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+      dx = aten::empty_like(x);
     }
   }
   if (output_mask[1]) dw = column_sum(dy * xh, n, x.scalar_type());
@@ -61,7 +58,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_cpu(
 }  // namespace
 }  // namespace fk::ops
 
-TORCH_LIBRARY_IMPL(fk, CPU, m) {
-  m.impl("_layer_norm_forward", fk::ops::layer_norm_forward_cpu);
-  m.impl("_layer_norm_backward", fk::ops::layer_norm_backward_cpu);
+STABLE_TORCH_LIBRARY_IMPL(fk, CPU, m) {
+  m.impl("_layer_norm_forward", TORCH_BOX(&fk::ops::layer_norm_forward_cpu));
+  m.impl("_layer_norm_backward", TORCH_BOX(&fk::ops::layer_norm_backward_cpu));
 }

@@ -5,9 +5,6 @@
 // PER_SM programs per multiprocessor, each over a contiguous range of rows, writing dx and
 // fp32 partial dw / db rows; one reduction kernel sums the partials into dw and db.
 // Non-contiguous inputs are copied once to contiguous memory.
-#include <ATen/ATen.h>
-#include <torch/library.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -24,24 +21,26 @@ using runtime::KernelArgs;
 using runtime::as_rows;
 using runtime::flags_for;
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_cuda(
-    const at::Tensor& x, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, double eps) {
+std::tuple<Tensor, Tensor, Tensor> layer_norm_forward_cuda(Tensor x,
+                                                           std::optional<Tensor> weight,
+                                                           std::optional<Tensor> bias,
+                                                           double eps) {
   constexpr const char* op = "fk::layer_norm";
   check_layer_norm(x, weight, bias);
   auto rows = as_rows(x);
-  auto y = at::empty(x.sizes(), x.options());
-  auto sizes = x.sizes().slice(0, x.dim() - 1);
-  auto mean = at::empty(sizes, x.options().dtype(at::kFloat));
-  auto rstd = at::empty(sizes, x.options().dtype(at::kFloat));
+  auto y = aten::empty(x.sizes(), x.scalar_type(), x.device());
+  auto sizes = sizes_vec(x);
+  const IntArrayRef stat_sizes(sizes.data(), sizes.size() - 1);
+  auto mean = aten::empty(stat_sizes, kFloat, x.device());
+  auto rstd = aten::empty(stat_sizes, kFloat, x.device());
   if (rows.n == 0) {  // statistics of empty rows are NaN, as on CPU
-    mean.fill_(std::numeric_limits<float>::quiet_NaN());
-    rstd.fill_(std::numeric_limits<float>::quiet_NaN());
+    aten::fill_(mean, std::numeric_limits<float>::quiet_NaN());
+    aten::fill_(rstd, std::numeric_limits<float>::quiet_NaN());
   }
   if (rows.m == 0 || rows.n == 0) return {y, mean, rstd};
   // Unread stand-ins when there is no weight / bias (has_w / has_b are 0).
-  at::Tensor w = has(weight) ? weight->contiguous() : rows.x2d;
-  at::Tensor b = has(bias) ? bias->contiguous() : rows.x2d;
+  Tensor w = has(weight) ? aten::contiguous(*weight) : rows.x2d;
+  Tensor b = has(bias) ? aten::contiguous(*bias) : rows.x2d;
   const uint32_t flags = flags_for(rows.n, {&rows.x2d, &y, &w, &b, &mean, &rstd});
 
   static const auto& single = runtime::family("layer_norm_fwd");
@@ -57,26 +56,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_cuda(
   return {y, mean, rstd};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_cuda(
-    const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& weight,
-    const at::Tensor& mean, const at::Tensor& rstd, std::array<bool, 3> output_mask) {
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward_cuda(Tensor grad_y, Tensor x,
+                                                            std::optional<Tensor> weight,
+                                                            Tensor mean, Tensor rstd,
+                                                            std::vector<bool> output_mask) {
   constexpr const char* op = "fk::_layer_norm_backward";
   check_layer_norm_backward(grad_y, x, weight, mean, rstd);
-  const auto [need_dx, need_dw, need_db] = output_mask;
+  const bool need_dx = output_mask[0], need_dw = output_mask[1], need_db = output_mask[2];
   auto rows = as_rows(x);
-  at::Tensor dx, dw, db;
-  if (need_dx) dx = at::empty(x.sizes(), x.options());
-  if (need_dw) dw = at::empty({rows.n}, x.options());
-  if (need_db) db = at::empty({rows.n}, x.options());
+  Tensor dx, dw, db;
+  if (need_dx) dx = aten::empty(x.sizes(), x.scalar_type(), x.device());
+  if (need_dw) dw = aten::empty({rows.n}, x.scalar_type(), x.device());
+  if (need_db) db = aten::empty({rows.n}, x.scalar_type(), x.device());
   if (rows.m == 0 || rows.n == 0) {  // no rows: the sums over rows are zero
-    if (need_dw) dw.zero_();
-    if (need_db) db.zero_();
+    if (need_dw) aten::zero_(dw);
+    if (need_db) aten::zero_(db);
     return {dx, dw, db};
   }
   if (!need_dx && !need_dw && !need_db) return {dx, dw, db};
-  auto dy = grad_y.contiguous().view({rows.m, rows.n});
-  auto mean_c = mean.contiguous(), rstd_c = rstd.contiguous();
-  at::Tensor w = has(weight) ? weight->contiguous() : rows.x2d;  // unread when has_w == 0
+  auto dy = aten::view(aten::contiguous(grad_y), {rows.m, rows.n});
+  auto mean_c = aten::contiguous(mean), rstd_c = aten::contiguous(rstd);
+  Tensor w = has(weight) ? aten::contiguous(*weight) : rows.x2d;  // unread when has_w == 0
 
   static const auto& single = runtime::family("layer_norm_bwd");
   static const auto& looped = runtime::family("layer_norm_bwd_looped");
@@ -90,11 +90,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_cuda(
   // multiprocessor, see triton_src/layer_norm.py), each over a contiguous range of rows.
   const auto grid = runtime::persistent_grid(rows.m, x.device(), k.constexpr_value("PER_SM"));
   const int64_t n_partials = (need_dw ? 1 : 0) + (need_db ? 1 : 0);
-  at::Tensor partial, dw_partial, db_partial;
+  Tensor partial, dw_partial, db_partial;
   if (n_partials > 0) {
-    partial = at::empty({n_partials, grid.programs, rows.n}, x.options().dtype(at::kFloat));
-    if (need_dw) dw_partial = partial[0];
-    if (need_db) db_partial = partial[n_partials - 1];
+    partial = aten::empty({n_partials, grid.programs, rows.n}, kFloat, x.device());
+    if (need_dw) dw_partial = aten::select(partial, 0, 0);
+    if (need_db) db_partial = aten::select(partial, 0, n_partials - 1);
   }
   KernelArgs args;
   args.ptr(dy).ptr(rows.x2d).ptr(w).ptr(mean_c).ptr(rstd_c).ptr(dx).ptr(dw_partial)
@@ -107,7 +107,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_cuda(
     // to the kernel's dw pointer, slab 1 to its db pointer.
     static const auto& reduce = runtime::family("layer_norm_dwdb");
     const auto& kr = reduce.pick(op, rows.x2d, 0, 0);
-    const at::Tensor& first = need_dw ? dw : db;
+    const Tensor& first = need_dw ? dw : db;
     KernelArgs rargs;
     rargs.ptr(partial).ptr(first).ptr(db).i32(grid.programs).i32(rows.n);
     runtime::launch(op, kr, x.device(), {checks::ceil_div(rows.n, kr.block), n_partials, 1},
@@ -119,7 +119,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_cuda(
 }  // namespace
 }  // namespace fk::ops
 
-TORCH_LIBRARY_IMPL(fk, CUDA, m) {
-  m.impl("_layer_norm_forward", fk::ops::layer_norm_forward_cuda);
-  m.impl("_layer_norm_backward", fk::ops::layer_norm_backward_cuda);
+STABLE_TORCH_LIBRARY_IMPL(fk, CUDA, m) {
+  m.impl("_layer_norm_forward", TORCH_BOX(&fk::ops::layer_norm_forward_cuda));
+  m.impl("_layer_norm_backward", TORCH_BOX(&fk::ops::layer_norm_backward_cuda));
 }

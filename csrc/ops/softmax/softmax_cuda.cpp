@@ -6,9 +6,6 @@
 // that holds a row; rows whose width or pointers are not 16-aligned use the *_unaligned
 // families, built for shorter rows); longer rows go to the looped kernels on a persistent
 // grid of PER_SM programs per multiprocessor.
-#include <ATen/ATen.h>
-#include <torch/library.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <utility>
@@ -27,28 +24,28 @@ using runtime::flags_for;
 using runtime::KernelFamily;
 using runtime::KernelSpec;
 
-bool dim_is_last(const at::Tensor& x, int64_t dim) { return x.dim() == 0 || dim == x.dim() - 1; }
+bool dim_is_last(const Tensor& x, int64_t dim) { return x.dim() == 0 || dim == x.dim() - 1; }
 
 struct Rows {
-  at::Tensor t;  // contiguous (m, n)
+  Tensor t;  // contiguous (m, n)
   int64_t m, n;
 };
 
 // t with `dim` moved last, as a contiguous (m, n) matrix.
-Rows as_rows(const at::Tensor& t, int64_t dim) {
-  auto tc = (dim_is_last(t, dim) ? t : t.movedim(dim, -1)).contiguous();
+Rows as_rows(const Tensor& t, int64_t dim) {
+  auto tc = aten::contiguous(dim_is_last(t, dim) ? t : aten::movedim(t, dim, -1));
   const int64_t n = t.dim() == 0 ? 1 : tc.size(-1);
   const int64_t m = tc.numel() / n;
-  return {tc.view({m, n}), m, n};
+  return {aten::view(tc, {m, n}), m, n};
 }
 
 // The (m, n) result of as_rows(like, dim) back in like's shape and dim order, contiguous.
-at::Tensor from_rows(const at::Tensor& out, const at::Tensor& like, int64_t dim) {
-  if (dim_is_last(like, dim)) return out.view(like.sizes());
-  std::vector<int64_t> sizes(like.sizes().begin(), like.sizes().end());
+Tensor from_rows(const Tensor& out, const Tensor& like, int64_t dim) {
+  if (dim_is_last(like, dim)) return aten::view(out, like.sizes());
+  auto sizes = sizes_vec(like);
   sizes.erase(sizes.begin() + dim);
   sizes.push_back(like.size(dim));
-  return out.view(sizes).movedim(-1, dim).contiguous();
+  return aten::contiguous(aten::movedim(aten::view(out, sizes), -1, dim));
 }
 
 struct Families {
@@ -63,8 +60,8 @@ std::pair<const KernelSpec*, int64_t> choose(const char* op, const Families& fam
   // Column offsets are 32-bit in the kernels, including a prefetch up to two chunks past
   // the row's end.
   constexpr int64_t kMaxRow = INT32_MAX - (1 << 16);
-  TORCH_CHECK(rows.n <= kMaxRow, op, ": a softmax over more than ", kMaxRow,
-              " elements is not supported on CUDA, got ", rows.n);
+  FK_CHECK(rows.n <= kMaxRow, op, ": a softmax over more than ", kMaxRow,
+           " elements is not supported on CUDA, got ", rows.n);
   const auto& single = flags & runtime::kFlagAligned ? fams.aligned : fams.unaligned;
   if (rows.n <= single.max_block(rows.t)) {
     const auto& k = single.pick(op, rows.t, rows.n, flags);
@@ -75,12 +72,12 @@ std::pair<const KernelSpec*, int64_t> choose(const char* op, const Families& fam
   return {&k, std::min(rows.m, k.constexpr_value("PER_SM") * sms)};
 }
 
-at::Tensor softmax_cuda(const at::Tensor& x, int64_t dim) {
+Tensor softmax_cuda(Tensor x, int64_t dim) {
   constexpr const char* op = "fk::softmax";
   const int64_t d = check_softmax(x, dim);
-  if (x.numel() == 0) return at::empty(x.sizes(), x.options());
+  if (x.numel() == 0) return aten::empty(x.sizes(), x.scalar_type(), x.device());
   auto rows = as_rows(x, d);
-  auto y = at::empty({rows.m, rows.n}, x.options());
+  auto y = aten::empty({rows.m, rows.n}, x.scalar_type(), x.device());
   static const Families fams{runtime::family("softmax_fwd"),
                              runtime::family("softmax_fwd_unaligned"),
                              runtime::family("softmax_fwd_looped")};
@@ -91,13 +88,13 @@ at::Tensor softmax_cuda(const at::Tensor& x, int64_t dim) {
   return from_rows(y, x, d);
 }
 
-at::Tensor softmax_backward_cuda(const at::Tensor& grad_y, const at::Tensor& y, int64_t dim) {
+Tensor softmax_backward_cuda(Tensor grad_y, Tensor y, int64_t dim) {
   constexpr const char* op = "fk::_softmax_backward";
   const int64_t d = check_softmax_backward(grad_y, y, dim);
-  if (y.numel() == 0) return at::empty(y.sizes(), y.options());
+  if (y.numel() == 0) return aten::empty(y.sizes(), y.scalar_type(), y.device());
   auto ys = as_rows(y, d);
   auto dys = as_rows(grad_y, d);
-  auto dx = at::empty({ys.m, ys.n}, y.options());
+  auto dx = aten::empty({ys.m, ys.n}, y.scalar_type(), y.device());
   static const Families fams{runtime::family("softmax_bwd"),
                              runtime::family("softmax_bwd_unaligned"),
                              runtime::family("softmax_bwd_looped")};
@@ -111,7 +108,7 @@ at::Tensor softmax_backward_cuda(const at::Tensor& grad_y, const at::Tensor& y, 
 }  // namespace
 }  // namespace fk::ops
 
-TORCH_LIBRARY_IMPL(fk, CUDA, m) {
-  m.impl("softmax", fk::ops::softmax_cuda);
-  m.impl("_softmax_backward", fk::ops::softmax_backward_cuda);
+STABLE_TORCH_LIBRARY_IMPL(fk, CUDA, m) {
+  m.impl("softmax", TORCH_BOX(&fk::ops::softmax_cuda));
+  m.impl("_softmax_backward", TORCH_BOX(&fk::ops::softmax_backward_cuda));
 }

@@ -1,4 +1,8 @@
+"""fk.softmax. Autograd is registered on ``fk::softmax`` itself: its backward needs only the
+op's output y (``fk::_softmax_backward``)."""
 import torch
+
+from . import _autograd, _checks as c
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -22,3 +26,48 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         ``grad_x = y * (grad_y - sum(grad_y * y, dim))``, likewise in float32.
     """
     return torch.ops.fk.softmax(x, dim)
+
+
+# --- checks and fake kernels (csrc/ops/softmax/softmax.cpp raises the same messages) -------
+
+def check_softmax(x, dim):
+    op = "fk::softmax"
+    c.check_float(op, "x", x)
+    ndim = max(x.dim(), 1)
+    c.check(-ndim <= dim < ndim, op, ": dim ", dim, " is out of range for x with ", x.dim(),
+            " dimensions (expected a value in [", -ndim, ", ", ndim - 1, "])")
+
+
+def check_softmax_backward(grad_y, y, dim):
+    op = "fk::_softmax_backward"
+    c.check_pair(op, "grad_y", grad_y, "y", y)
+    c.check_same_shape(op, "grad_y", grad_y, "y", y)
+    check_softmax(y, dim)
+
+
+@torch.library.register_fake("fk::softmax")
+def _softmax_fake(x, dim=-1):
+    check_softmax(x, dim)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("fk::_softmax_backward")
+def _backward_fake(grad_y, y, dim):
+    check_softmax_backward(grad_y, y, dim)
+    return torch.empty_like(y, memory_format=torch.contiguous_format)
+
+
+# --- autograd: the forward keeps its output y ----------------------------------------------
+
+def _setup_context(ctx, inputs, output):
+    _x, dim = inputs
+    ctx.save_for_backward(output)
+    ctx.dim = dim
+
+
+def _backward(ctx, grad_y):
+    (y,) = ctx.saved_tensors
+    return torch.ops.fk._softmax_backward(grad_y, y, ctx.dim), None
+
+
+_autograd.register("fk::softmax", _backward, _setup_context)
