@@ -1,11 +1,8 @@
 // Schemas of fk::fused_add_rms_norm and its internal forward / backward, and the shared
 // checks (rms_norm's, plus those of the residual and its gradient).
+// Fake kernels and the autograd formula: python/fk/ops/fused_add_rms_norm.py.
 #include "ops/fused_add_rms_norm/fused_add_rms_norm.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/library.h>
-
-#include "fk/fk.h"
 #include "runtime/checks.h"
 
 namespace fk::ops {
@@ -15,25 +12,25 @@ constexpr const char* kOp = "fk::fused_add_rms_norm";
 constexpr const char* kBackwardOp = "fk::_fused_add_rms_norm_backward";
 }  // namespace
 
-RmsCasting check_fused_add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
-                                    const std::optional<at::Tensor>& weight,
-                                    std::string_view casting_mode) {
+RmsCasting check_fused_add_rms_norm(const Tensor& x, const Tensor& residual,
+                                    const std::optional<Tensor>& weight,
+                                    const std::string& casting_mode) {
   const auto casting = check_rms_norm(x, weight, casting_mode, kOp);
   checks::check_pair(kOp, "x", x, "residual", residual);
   checks::check_same_shape(kOp, "x", x, "residual", residual);
   return casting;
 }
 
-RmsCasting check_fused_add_rms_norm_backward(const at::Tensor& grad_y,
-                                             const std::optional<at::Tensor>& grad_residual_out,
-                                             const at::Tensor& residual_out,
-                                             const std::optional<at::Tensor>& weight,
-                                             const at::Tensor& rstd,
-                                             std::string_view casting_mode) {
+RmsCasting check_fused_add_rms_norm_backward(const Tensor& grad_y,
+                                             const std::optional<Tensor>& grad_residual_out,
+                                             const Tensor& residual_out,
+                                             const std::optional<Tensor>& weight,
+                                             const Tensor& rstd,
+                                             const std::string& casting_mode) {
   // residual_out is the x of the norm: rms_norm's backward checks name it so.
   const auto casting = check_rms_norm_backward(grad_y, residual_out, weight, rstd, casting_mode,
                                                kBackwardOp, kOp);
-  if (grad_residual_out.has_value() && grad_residual_out->defined()) {
+  if (has(grad_residual_out)) {
     checks::check_pair(kBackwardOp, "grad_residual_out", *grad_residual_out, "residual_out",
                        residual_out);
     checks::check_same_shape(kBackwardOp, "grad_residual_out", *grad_residual_out,
@@ -42,48 +39,23 @@ RmsCasting check_fused_add_rms_norm_backward(const at::Tensor& grad_y,
   return casting;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward_call(
-    const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
-    double eps, double offset, std::string_view casting_mode) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fk::_fused_add_rms_norm_forward", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&,
-                           const std::optional<at::Tensor>&, double, double, c10::string_view)>();
-  return op.call(x, residual, weight, eps, offset, casting_mode);
+namespace {
+
+// fused_add_rms_norm on any backend is the first two outputs of _fused_add_rms_norm_forward,
+// whose autograd formula (python/fk/ops/fused_add_rms_norm.py, include/fk/autograd.h) saves
+// the rstd it returns.
+std::tuple<Tensor, Tensor> fused_add_rms_norm_composite(Tensor x, Tensor residual,
+                                                        std::optional<Tensor> weight, double eps,
+                                                        double offset, std::string casting_mode) {
+  auto out = aten::call_n<3>("fk::_fused_add_rms_norm_forward", "", x, residual, weight, eps,
+                             offset, casting_mode);
+  return {out[0], out[1]};
 }
 
-std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward_call(
-    const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_residual_out,
-    const at::Tensor& residual_out, const std::optional<at::Tensor>& weight,
-    const at::Tensor& rstd, double offset, std::string_view casting_mode,
-    std::array<bool, 2> output_mask) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fk::_fused_add_rms_norm_backward", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const std::optional<at::Tensor>&,
-                           const at::Tensor&, const std::optional<at::Tensor>&,
-                           const at::Tensor&, double, c10::string_view, std::array<bool, 2>)>();
-  return op.call(grad_y, grad_residual_out, residual_out, weight, rstd, offset, casting_mode,
-                 output_mask);
-}
-
+}  // namespace
 }  // namespace fk::ops
 
-std::tuple<at::Tensor, at::Tensor> fk::fused_add_rms_norm(const at::Tensor& x,
-                                                          const at::Tensor& residual,
-                                                          const std::optional<at::Tensor>& weight,
-                                                          double eps, double offset,
-                                                          const std::string& casting_mode) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fk::fused_add_rms_norm", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&,
-                           const std::optional<at::Tensor>&, double, double, c10::string_view)>();
-  return op.call(x, residual, weight, eps, offset, casting_mode);
-}
-
-TORCH_LIBRARY_FRAGMENT(fk, m) {
+STABLE_TORCH_LIBRARY_FRAGMENT(fk, m) {
   // (y, residual_out): residual_out = x + residual, added in fp32 and rounded to x's dtype
   // (as a decoder layer's `hidden_states = residual + hidden_states`); y = rms_norm of
   // residual_out with fk::rms_norm's semantics (weight optional, offset, casting_mode).
@@ -101,21 +73,6 @@ TORCH_LIBRARY_FRAGMENT(fk, m) {
         "bool[2] output_mask) -> (Tensor, Tensor)");
 }
 
-namespace fk::ops {
-namespace {
-
-// fused_add_rms_norm on any backend is the first two outputs of _fused_add_rms_norm_forward.
-std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_composite(
-    const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
-    double eps, double offset, c10::string_view casting_mode) {
-  auto [y, residual_out, rstd] =
-      fused_add_rms_norm_forward_call(x, residual, weight, eps, offset, casting_mode);
-  return {y, residual_out};
-}
-
-}  // namespace
-}  // namespace fk::ops
-
-TORCH_LIBRARY_IMPL(fk, CompositeExplicitAutograd, m) {
-  m.impl("fused_add_rms_norm", fk::ops::fused_add_rms_norm_composite);
+STABLE_TORCH_LIBRARY_IMPL(fk, CompositeImplicitAutograd, m) {
+  m.impl("fused_add_rms_norm", TORCH_BOX(&fk::ops::fused_add_rms_norm_composite));
 }

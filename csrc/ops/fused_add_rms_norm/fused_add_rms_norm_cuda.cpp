@@ -6,9 +6,6 @@
 // given), residual_out and rstd, writes grad_x and fp32 partial weight gradients, which
 // rms_norm's reduction kernel sums (ops/rms_norm/rms_norm_cuda.h); views, flags and grid
 // are runtime/rows.h.
-#include <ATen/ATen.h>
-#include <torch/library.h>
-
 #include <algorithm>
 
 #include "ops/fused_add_rms_norm/fused_add_rms_norm.h"
@@ -26,20 +23,20 @@ using runtime::flags_for;
 using runtime::persistent_grid;
 using rms_cuda::reduce_dw;
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward_cuda(
-    const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
-    double eps, double offset, c10::string_view casting_mode) {
+std::tuple<Tensor, Tensor, Tensor> fused_add_rms_norm_forward_cuda(
+    Tensor x, Tensor residual, std::optional<Tensor> weight, double eps, double offset,
+    std::string casting_mode) {
   constexpr const char* op = "fk::fused_add_rms_norm";
   const auto casting = check_fused_add_rms_norm(x, residual, weight, casting_mode);
-  const bool has_w = weight.has_value() && weight->defined();
+  const bool has_w = has(weight);
   auto xr = as_rows(x);
   auto rr = as_rows(residual);
-  auto y = at::empty(x.sizes(), x.options());
-  auto residual_out = at::empty(x.sizes(), x.options());
-  auto sizes = x.sizes();
-  auto rstd = at::empty(sizes.slice(0, sizes.size() - 1), x.options().dtype(at::kFloat));
+  auto y = aten::empty(x.sizes(), x.scalar_type(), x.device());
+  auto residual_out = aten::empty(x.sizes(), x.scalar_type(), x.device());
+  auto sizes = sizes_vec(x);
+  auto rstd = aten::empty(IntArrayRef(sizes.data(), sizes.size() - 1), kFloat, x.device());
   if (xr.m == 0 || xr.n == 0) return {y, residual_out, rstd};
-  at::Tensor w = has_w ? weight->contiguous() : xr.x2d;  // unread when has_w == 0
+  Tensor w = has_w ? aten::contiguous(*weight) : xr.x2d;  // unread when has_w == 0
   const uint32_t flags = flags_for(xr.n, {&xr.x2d, &rr.x2d, &y, &residual_out, &w});
 
   static const auto& single = runtime::family("fused_add_rms_norm_fwd");
@@ -54,31 +51,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward_cuda(
   return {y, residual_out, rstd};
 }
 
-std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward_cuda(
-    const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_residual_out,
-    const at::Tensor& residual_out, const std::optional<at::Tensor>& weight,
-    const at::Tensor& rstd, double offset, c10::string_view casting_mode,
-    std::array<bool, 2> output_mask) {
+std::tuple<Tensor, Tensor> fused_add_rms_norm_backward_cuda(
+    Tensor grad_y, std::optional<Tensor> grad_residual_out, Tensor residual_out,
+    std::optional<Tensor> weight, Tensor rstd, double offset, std::string casting_mode,
+    std::vector<bool> output_mask) {
   constexpr const char* op = "fk::_fused_add_rms_norm_backward";
   const auto casting = check_fused_add_rms_norm_backward(grad_y, grad_residual_out, residual_out,
                                                          weight, rstd, casting_mode);
-  TORCH_CHECK(rstd.scalar_type() == at::kFloat, op, ": rstd must be float32 on CUDA");
-  const bool has_w = weight.has_value() && weight->defined();
-  const bool has_ds = grad_residual_out.has_value() && grad_residual_out->defined();
+  FK_CHECK(rstd.scalar_type() == kFloat, op, ": rstd must be float32 on CUDA");
+  const bool has_w = has(weight);
+  const bool has_ds = has(grad_residual_out);
   const bool want_dx = output_mask[0];
   const bool want_dw = output_mask[1] && has_w;
   auto rows = as_rows(residual_out);
-  at::Tensor dx, dw;
-  if (want_dx) dx = at::empty(residual_out.sizes(), residual_out.options());
+  Tensor dx, dw;
+  if (want_dx) dx = aten::empty(residual_out.sizes(), residual_out.scalar_type(),
+                                residual_out.device());
   if (rows.m == 0 || rows.n == 0) {
-    if (want_dw) dw = at::zeros_like(*weight);
+    if (want_dw) dw = aten::zeros_like(*weight);
     return {dx, dw};
   }
   if (!want_dx && !want_dw) return {dx, dw};
-  auto dy = grad_y.contiguous().view({rows.m, rows.n});
-  auto ds = has_ds ? grad_residual_out->contiguous().view({rows.m, rows.n}) : rows.x2d;
-  auto rstd_c = rstd.contiguous();
-  at::Tensor w = has_w ? weight->contiguous() : rows.x2d;  // unread when has_w == 0
+  auto dy = aten::view(aten::contiguous(grad_y), {rows.m, rows.n});
+  auto ds = has_ds ? aten::view(aten::contiguous(*grad_residual_out), {rows.m, rows.n})
+                   : rows.x2d;
+  auto rstd_c = aten::contiguous(rstd);
+  Tensor w = has_w ? aten::contiguous(*weight) : rows.x2d;  // unread when has_w == 0
 
   static const auto& single = runtime::family("fused_add_rms_norm_bwd");
   static const auto& looped = runtime::family("fused_add_rms_norm_bwd_looped");
@@ -92,9 +90,8 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward_cuda(
   // registers per thread, triton_src/fused_add_rms_norm.py).
   const auto grid = persistent_grid(rows.m, residual_out.device(),
                                     std::max(1, 16 / std::max(1, k.num_warps)));
-  auto dw_partial = want_dw ? at::empty({grid.programs, rows.n},
-                                        residual_out.options().dtype(at::kFloat))
-                            : at::Tensor();
+  auto dw_partial =
+      want_dw ? aten::empty({grid.programs, rows.n}, kFloat, residual_out.device()) : Tensor();
   KernelArgs args;
   args.ptr(dy).ptr(ds).ptr(rows.x2d).ptr(w).ptr(rstd_c).ptr(dx).ptr(dw_partial).i64(rows.m)
       .i32(rows.n).f32(has_w ? offset : 1.0).i64(grid.rows_per_program).i32(has_w ? 1 : 0)
@@ -108,7 +105,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward_cuda(
 }  // namespace
 }  // namespace fk::ops
 
-TORCH_LIBRARY_IMPL(fk, CUDA, m) {
-  m.impl("_fused_add_rms_norm_forward", fk::ops::fused_add_rms_norm_forward_cuda);
-  m.impl("_fused_add_rms_norm_backward", fk::ops::fused_add_rms_norm_backward_cuda);
+STABLE_TORCH_LIBRARY_IMPL(fk, CUDA, m) {
+  m.impl("_fused_add_rms_norm_forward", TORCH_BOX(&fk::ops::fused_add_rms_norm_forward_cuda));
+  m.impl("_fused_add_rms_norm_backward", TORCH_BOX(&fk::ops::fused_add_rms_norm_backward_cuda));
 }

@@ -1,129 +1,136 @@
 // Schemas of fk::rope, its backward and the in-place fk::rope_, and the shared checks.
+// Fake kernels and the autograd formula: python/fk/ops/rope.py.
 #include "ops/rope/rope.h"
 
-#include <ATen/ATen.h>
-#include <ATen/MemoryOverlap.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/library.h>
+#include <algorithm>
+#include <numeric>
 
-#include "fk/fk.h"
 #include "runtime/checks.h"
 
 namespace fk::ops {
 
-void check_rope(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-                const at::Tensor& sin, std::optional<int64_t> rotary_dim) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4, op,
-              ": q and k must have 4 dims (batch, heads, seq, head_dim), got shapes ",
-              q.sym_sizes(), " and ", k.sym_sizes());
+namespace {
+
+ShapeText strides_of(const Tensor& t) {
+  auto s = t.strides();
+  return {Shape(s.begin(), s.end())};
+}
+
+// c10's is_non_overlapping_and_dense: the elements fill one block of memory with no gaps
+// and no element stored twice, in some order of the dims.
+bool non_overlapping_and_dense(const Tensor& t) {
+  const auto sizes = sizes_vec(t);
+  const auto s = t.strides();
+  const Shape strides(s.begin(), s.end());
+  const int64_t n = t.dim();
+  if (n == 1) return sizes[0] < 2 || strides[0] == 1;
+  std::vector<int64_t> perm(n);
+  std::iota(perm.begin(), perm.end(), 0);
+  // By stride, dims of size 0 and 1 last.
+  std::sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) {
+    if (sizes[a] < 2) return false;
+    if (sizes[b] < 2) return true;
+    return strides[a] < strides[b];
+  });
+  int64_t expected = 1;
+  for (int64_t d : perm) {
+    if (sizes[d] < 2) return true;
+    if (strides[d] != expected) return false;
+    expected *= sizes[d];
+  }
+  return true;
+}
+
+// Some element stored twice: a dim of size > 1 with stride 0 (expanded tensors), what
+// ATen's has_internal_overlap reports as certain.
+bool has_internal_overlap(const Tensor& t) {
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1 && t.stride(d) == 0) return true;
+  }
+  return false;
+}
+
+// aten::is_set_to: the same storage, storage offset, sizes and strides.
+bool is_set_to(const Tensor& a, const Tensor& b) {
+  std::array<StableIValue, 2> stack{torch::stable::detail::from(a),
+                                    torch::stable::detail::from(b)};
+  TORCH_ERROR_CODE_CHECK(
+      torch_call_dispatcher("aten::is_set_to", "", stack.data(), TORCH_ABI_VERSION));
+  return torch::stable::detail::to<bool>(stack[0]);
+}
+
+}  // namespace
+
+void check_rope(const char* op, const Tensor& q, const Tensor& k, const Tensor& cos,
+                const Tensor& sin, std::optional<int64_t> rotary_dim) {
+  FK_CHECK(q.dim() == 4 && k.dim() == 4, op,
+           ": q and k must have 4 dims (batch, heads, seq, head_dim), got shapes ", shape_of(q),
+           " and ", shape_of(k));
   checks::check_pair(op, "q", q, "k", k);
-  TORCH_CHECK(q.sym_size(0) == k.sym_size(0) && q.sym_size(2) == k.sym_size(2) &&
-                  q.sym_size(3) == k.sym_size(3),
-              op, ": q and k must have the same batch, seq and head_dim sizes, got shapes ",
-              q.sym_sizes(), " and ", k.sym_sizes());
+  FK_CHECK(q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.size(3) == k.size(3), op,
+           ": q and k must have the same batch, seq and head_dim sizes, got shapes ",
+           shape_of(q), " and ", shape_of(k));
   checks::check_same_device(op, "cos", cos, "q", q);
   checks::check_same_device(op, "sin", sin, "q", q);
   checks::check_same_dtype(op, "cos", cos, "sin", sin);
   checks::check_same_shape(op, "cos", cos, "sin", sin);
-  TORCH_CHECK(cos.scalar_type() == q.scalar_type() || cos.scalar_type() == at::kFloat, op,
-              ": cos and sin must be float32 or q's dtype (", q.scalar_type(), "), got ",
-              cos.scalar_type());
+  FK_CHECK(cos.scalar_type() == q.scalar_type() || cos.scalar_type() == kFloat, op,
+           ": cos and sin must be float32 or q's dtype (", q.scalar_type(), "), got ",
+           cos.scalar_type());
   const int64_t cd = cos.dim();
-  TORCH_CHECK((cd >= 2 && cd <= 4) && (cd != 4 || cos.sym_size(1) == 1), op,
-              ": cos and sin must have shape (seq, rotary_dim), (batch or 1, seq, rotary_dim) "
-              "or (batch or 1, 1, seq, rotary_dim), got ",
-              cos.sym_sizes());
-  TORCH_CHECK(cos.sym_size(-2) == q.sym_size(2), op, ": cos and sin must have q's seq length (",
-              q.sym_size(2), ") in dim -2, got shape ", cos.sym_sizes());
-  TORCH_CHECK(cd == 2 || cos.sym_size(0) == 1 || cos.sym_size(0) == q.sym_size(0), op,
-              ": cos and sin must have batch size 1 or q's (", q.sym_size(0), "), got shape ",
-              cos.sym_sizes());
-  const c10::SymInt width = cos.sym_size(-1);
-  const c10::SymInt rot = rotary_dim.has_value() ? c10::SymInt(*rotary_dim) : width;
-  const c10::SymInt d = q.sym_size(3);
-  TORCH_CHECK(rot >= 2 && rot % 2 == 0 && rot <= d, op, ": rotary_dim (", rot,
-              ") must be even and between 2 and head_dim (", d, ")");
-  TORCH_CHECK(width == rot || width * 2 == rot, op,
-              ": cos and sin must have rotary_dim (", rot, ") or rotary_dim / 2 entries in "
-              "their last dim, got ", width);
+  FK_CHECK((cd >= 2 && cd <= 4) && (cd != 4 || cos.size(1) == 1), op,
+           ": cos and sin must have shape (seq, rotary_dim), (batch or 1, seq, rotary_dim) "
+           "or (batch or 1, 1, seq, rotary_dim), got ",
+           shape_of(cos));
+  FK_CHECK(cos.size(-2) == q.size(2), op, ": cos and sin must have q's seq length (",
+           q.size(2), ") in dim -2, got shape ", shape_of(cos));
+  FK_CHECK(cd == 2 || cos.size(0) == 1 || cos.size(0) == q.size(0), op,
+           ": cos and sin must have batch size 1 or q's (", q.size(0), "), got shape ",
+           shape_of(cos));
+  const int64_t width = cos.size(-1);
+  const int64_t rot = rotary_dim.value_or(width);
+  const int64_t d = q.size(3);
+  FK_CHECK(rot >= 2 && rot % 2 == 0 && rot <= d, op, ": rotary_dim (", rot,
+           ") must be even and between 2 and head_dim (", d, ")");
+  FK_CHECK(width == rot || width * 2 == rot, op, ": cos and sin must have rotary_dim (", rot,
+           ") or rotary_dim / 2 entries in their last dim, got ", width);
 }
 
-void check_rope_inplace(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-                        const at::Tensor& sin, std::optional<int64_t> rotary_dim) {
+void check_rope_inplace(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin,
+                        std::optional<int64_t> rotary_dim) {
   constexpr const char* op = "fk::rope_";
   check_rope(op, q, k, cos, sin, rotary_dim);
-  TORCH_CHECK(q.sym_stride(3) == 1 && k.sym_stride(3) == 1, op,
-              ": q and k must have a contiguous last dim (stride 1), got strides ",
-              q.sym_strides(), " and ", k.sym_strides());
-  TORCH_CHECK(at::has_internal_overlap(q) != at::MemOverlap::Yes &&
-                  at::has_internal_overlap(k) != at::MemOverlap::Yes,
-              op, ": q and k must not have elements that share memory (expanded tensors)");
-  TORCH_CHECK(!q.is_same(k), op, ": q and k must be different tensors");
+  FK_CHECK(q.stride(3) == 1 && k.stride(3) == 1, op,
+           ": q and k must have a contiguous last dim (stride 1), got strides ", strides_of(q),
+           " and ", strides_of(k));
+  FK_CHECK(!has_internal_overlap(q) && !has_internal_overlap(k), op,
+           ": q and k must not have elements that share memory (expanded tensors)");
+  FK_CHECK(!is_set_to(q, k), op, ": q and k must be different tensors");
 }
 
-at::Tensor rope_out_like(const at::Tensor& x) {
-  if (x.is_non_overlapping_and_dense() && x.sym_stride(3) == 1) return at::empty_like(x);
-  return at::empty_symint(x.sym_sizes(), x.options());
+Tensor rope_out_like(const Tensor& x) {
+  if (non_overlapping_and_dense(x) && x.stride(3) == 1) {
+    using OptDtype = std::optional<ScalarType>;
+    return aten::call("aten::empty_strided", "", x.sizes(), x.strides(),
+                      OptDtype(x.scalar_type()), std::optional<torch::headeronly::Layout>(),
+                      std::optional<Device>(x.device()), std::optional<bool>());
+  }
+  return aten::empty(x.sizes(), x.scalar_type(), x.device());
 }
 
-at::Tensor rope_cos_3d(const at::Tensor& cos) {
-  if (cos.dim() == 2) return cos.unsqueeze(0);
-  if (cos.dim() == 4) return cos.squeeze(1);
+Tensor rope_cos_3d(const Tensor& cos) {
+  if (cos.dim() == 2) return aten::unsqueeze(cos, 0);
+  if (cos.dim() == 4) return aten::squeeze(cos, 1);
   return cos;
 }
 
-int64_t rope_rotary_dim(const at::Tensor& cos, std::optional<int64_t> rotary_dim) {
+int64_t rope_rotary_dim(const Tensor& cos, std::optional<int64_t> rotary_dim) {
   return rotary_dim.value_or(cos.size(-1));
-}
-
-using RopeFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                  const at::Tensor&, const at::Tensor&,
-                                                  std::optional<int64_t>, bool);
-
-std::tuple<at::Tensor, at::Tensor> rope_call(const at::Tensor& q, const at::Tensor& k,
-                                             const at::Tensor& cos, const at::Tensor& sin,
-                                             std::optional<int64_t> rotary_dim,
-                                             bool interleaved) {
-  static auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("fk::rope", "").typed<RopeFn>();
-  return op.call(q, k, cos, sin, rotary_dim, interleaved);
-}
-
-std::tuple<at::Tensor, at::Tensor> rope_backward_call(const at::Tensor& grad_q,
-                                                      const at::Tensor& grad_k,
-                                                      const at::Tensor& cos,
-                                                      const at::Tensor& sin,
-                                                      std::optional<int64_t> rotary_dim,
-                                                      bool interleaved) {
-  static auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("fk::_rope_backward", "").typed<RopeFn>();
-  return op.call(grad_q, grad_k, cos, sin, rotary_dim, interleaved);
-}
-
-void rope_inplace_call(at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
-                       const at::Tensor& sin, std::optional<int64_t> rotary_dim,
-                       bool interleaved) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fk::rope_", "")
-                       .typed<void(at::Tensor&, at::Tensor&, const at::Tensor&,
-                                   const at::Tensor&, std::optional<int64_t>, bool)>();
-  op.call(q, k, cos, sin, rotary_dim, interleaved);
 }
 
 }  // namespace fk::ops
 
-std::tuple<at::Tensor, at::Tensor> fk::rope(const at::Tensor& q, const at::Tensor& k,
-                                            const at::Tensor& cos, const at::Tensor& sin,
-                                            std::optional<int64_t> rotary_dim, bool interleaved) {
-  return fk::ops::rope_call(q, k, cos, sin, rotary_dim, interleaved);
-}
-
-void fk::rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
-               std::optional<int64_t> rotary_dim, bool interleaved) {
-  fk::ops::rope_inplace_call(q, k, cos, sin, rotary_dim, interleaved);
-}
-
-TORCH_LIBRARY_FRAGMENT(fk, m) {
+STABLE_TORCH_LIBRARY_FRAGMENT(fk, m) {
   // (q_out, k_out) = (q * cos + rotate_half(q) * sin, the same for k) on the first
   // rotary_dim dims of each head (the rest pass through), in fp32, rounded once.
   // q (B, Hq, S, D), k (B, Hkv, S, D); cos / sin (S, W), (1 or B, S, W) or

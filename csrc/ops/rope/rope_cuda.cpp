@@ -3,9 +3,7 @@
 // Inputs are read in place through their strides (the transposed (B, S, H, D) views models
 // produce, slices of fused projections, expanded tensors); only a last dim with a stride
 // other than 1 is copied first. cos / sin of q's dtype or float32 are read directly.
-#include <ATen/ATen.h>
-#include <torch/library.h>
-
+#include <algorithm>
 #include <array>
 
 #include "ops/rope/rope.h"
@@ -21,29 +19,34 @@ constexpr uint32_t kFlagCosFp32 = 2;  // matches triton_src/rope.py FLAG_COS_FP3
 
 // (batch, head, seq) strides; 0 for a dim of size 1 (its stride is never used, and then
 // cannot spoil the alignment of the others).
-std::array<int64_t, 3> bhs_strides(const at::Tensor& t) {
+std::array<int64_t, 3> bhs_strides(const Tensor& t) {
   std::array<int64_t, 3> s{};
   for (int i = 0; i < 3; ++i) s[i] = t.size(i) == 1 ? 0 : t.stride(i);
   return s;
 }
 
-at::Tensor last_dim_contiguous(const at::Tensor& t) {
-  return t.stride(-1) == 1 ? t : t.contiguous();
+Tensor last_dim_contiguous(const Tensor& t) {
+  return t.stride(-1) == 1 ? t : aten::contiguous(t);
+}
+
+Shape strides_vec(const Tensor& t) {
+  auto s = t.strides();
+  return Shape(s.begin(), s.end());
 }
 
 // Launches the rotation of (q, k) into (qo, ko); qo / ko may be q / k (in place, then
 // `rotate_only` skips the pass-through dims).
-void launch_rope(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& qo,
-                 const at::Tensor& ko, const at::Tensor& cos, const at::Tensor& sin,
+void launch_rope(const char* op, const Tensor& q, const Tensor& k, const Tensor& qo,
+                 const Tensor& ko, const Tensor& cos, const Tensor& sin,
                  std::optional<int64_t> rotary_dim, bool interleaved, bool inverse,
                  bool rotate_only) {
   const int64_t b = q.size(0), hq = q.size(1), hkv = k.size(1), s = q.size(2), d = q.size(3);
   if (b * s * (hq + hkv) == 0) return;
   const int64_t r = rope_rotary_dim(cos, rotary_dim), half = r / 2;
   auto c = last_dim_contiguous(rope_cos_3d(cos)), sn = last_dim_contiguous(rope_cos_3d(sin));
-  if (c.strides() != sn.strides()) {  // the kernel takes one set of cos / sin strides
-    c = c.contiguous();
-    sn = sn.contiguous();
+  if (strides_vec(c) != strides_vec(sn)) {  // the kernel takes one set of cos / sin strides
+    c = aten::contiguous(c);
+    sn = aten::contiguous(sn);
   }
   const int64_t cos_sb = c.size(0) == 1 ? 0 : c.stride(0);
   const int64_t cos_ss = c.size(1) == 1 ? 0 : c.stride(1);
@@ -83,11 +86,10 @@ void launch_rope(const char* op, const at::Tensor& q, const at::Tensor& k, const
   runtime::launch(op, kern, q.device(), {b * checks::ceil_div(s, bs) * groups, 1, 1}, args);
 }
 
-std::tuple<at::Tensor, at::Tensor> rope_apply(const char* op, const at::Tensor& q,
-                                              const at::Tensor& k, const at::Tensor& cos,
-                                              const at::Tensor& sin,
-                                              std::optional<int64_t> rotary_dim,
-                                              bool interleaved, bool inverse) {
+std::tuple<Tensor, Tensor> rope_apply(const char* op, const Tensor& q, const Tensor& k,
+                                      const Tensor& cos, const Tensor& sin,
+                                      std::optional<int64_t> rotary_dim, bool interleaved,
+                                      bool inverse) {
   check_rope(op, q, k, cos, sin, rotary_dim);
   auto qo = rope_out_like(q), ko = rope_out_like(k);
   launch_rope(op, last_dim_contiguous(q), last_dim_contiguous(k), qo, ko, cos, sin, rotary_dim,
@@ -95,25 +97,20 @@ std::tuple<at::Tensor, at::Tensor> rope_apply(const char* op, const at::Tensor& 
   return {qo, ko};
 }
 
-std::tuple<at::Tensor, at::Tensor> rope_cuda(const at::Tensor& q, const at::Tensor& k,
-                                             const at::Tensor& cos, const at::Tensor& sin,
-                                             std::optional<int64_t> rotary_dim,
-                                             bool interleaved) {
+std::tuple<Tensor, Tensor> rope_cuda(Tensor q, Tensor k, Tensor cos, Tensor sin,
+                                     std::optional<int64_t> rotary_dim, bool interleaved) {
   return rope_apply("fk::rope", q, k, cos, sin, rotary_dim, interleaved, false);
 }
 
-std::tuple<at::Tensor, at::Tensor> rope_backward_cuda(const at::Tensor& grad_q,
-                                                      const at::Tensor& grad_k,
-                                                      const at::Tensor& cos,
-                                                      const at::Tensor& sin,
-                                                      std::optional<int64_t> rotary_dim,
-                                                      bool interleaved) {
+std::tuple<Tensor, Tensor> rope_backward_cuda(Tensor grad_q, Tensor grad_k, Tensor cos,
+                                              Tensor sin, std::optional<int64_t> rotary_dim,
+                                              bool interleaved) {
   return rope_apply("fk::_rope_backward", grad_q, grad_k, cos, sin, rotary_dim, interleaved,
                     true);
 }
 
 // Each element is read and written by the same program, so the outputs may be the inputs.
-void rope_inplace_cuda(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+void rope_inplace_cuda(Tensor q, Tensor k, Tensor cos, Tensor sin,
                        std::optional<int64_t> rotary_dim, bool interleaved) {
   check_rope_inplace(q, k, cos, sin, rotary_dim);
   launch_rope("fk::rope_", q, k, q, k, cos, sin, rotary_dim, interleaved, false, true);
@@ -122,8 +119,8 @@ void rope_inplace_cuda(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, cons
 }  // namespace
 }  // namespace fk::ops
 
-TORCH_LIBRARY_IMPL(fk, CUDA, m) {
-  m.impl("rope", fk::ops::rope_cuda);
-  m.impl("_rope_backward", fk::ops::rope_backward_cuda);
-  m.impl("rope_", fk::ops::rope_inplace_cuda);
+STABLE_TORCH_LIBRARY_IMPL(fk, CUDA, m) {
+  m.impl("rope", TORCH_BOX(&fk::ops::rope_cuda));
+  m.impl("_rope_backward", TORCH_BOX(&fk::ops::rope_backward_cuda));
+  m.impl("rope_", TORCH_BOX(&fk::ops::rope_inplace_cuda));
 }
