@@ -21,7 +21,8 @@ def _raising(op: str, outputs: tuple) -> tuple:
         t.requires_grad = True
         return t
 
-    return err(*[leaf(t) for t in outputs])
+    out = err(*[leaf(t) for t in outputs])
+    return out if isinstance(out, tuple) else (out,)
 
 
 def _needs_guard(ctx, grads) -> bool:
