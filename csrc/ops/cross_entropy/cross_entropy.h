@@ -8,11 +8,11 @@
 // reference.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include <optional>
-#include <string_view>
+#include <string>
 #include <tuple>
+
+#include "runtime/tensor.h"
 
 namespace fk::ops {
 
@@ -20,7 +20,7 @@ namespace fk::ops {
 enum class CeReduction : int { None = 0, Mean = 1, Sum = 2 };
 
 // Parses "none" / "mean" / "sum"; anything else is an error naming `op`.
-CeReduction parse_ce_reduction(const char* op, std::string_view reduction);
+CeReduction parse_ce_reduction(const char* op, const std::string& reduction);
 
 // The options every piece takes.
 struct CeOptions {
@@ -34,106 +34,74 @@ struct CeOptions {
 // Shared by every backend: logits (N, V) floating with V >= 1; target (N,) int64 on the
 // same device; weight (V,) floating on the same device; label_smoothing in [0, 1];
 // softcap > 0. Returns the parsed options. `op` names the caller in the messages.
-CeOptions check_cross_entropy(const char* op, const at::Tensor& logits, const at::Tensor& target,
-                              const std::optional<at::Tensor>& weight, int64_t ignore_index,
-                              double label_smoothing, std::string_view reduction,
+// python/fk/ops/cross_entropy.py raises the same messages from the fake kernels.
+CeOptions check_cross_entropy(const char* op, const Tensor& logits, const Tensor& target,
+                              const std::optional<Tensor>& weight, int64_t ignore_index,
+                              double label_smoothing, const std::string& reduction,
                               double lse_square_scale, std::optional<double> softcap);
-// The target / class-weight / option half of the checks, for N rows of V classes, devices
+// The target / class-weight / option half of the checks, for n rows of v classes, devices
 // compared with `like` (named like_name); check_cross_entropy and fused linear cross
 // entropy use it.
-CeOptions check_ce_target_and_options(const char* op, const char* like_name,
-                                      const at::Tensor& like, const c10::SymInt& n,
-                                      const c10::SymInt& v, const at::Tensor& target,
-                                      const std::optional<at::Tensor>& weight,
+CeOptions check_ce_target_and_options(const char* op, const char* like_name, const Tensor& like,
+                                      int64_t n, int64_t v, const Tensor& target,
+                                      const std::optional<Tensor>& weight,
                                       const char* weight_name, int64_t ignore_index,
-                                      double label_smoothing, std::string_view reduction,
+                                      double label_smoothing, const std::string& reduction,
                                       double lse_square_scale, std::optional<double> softcap);
 // grad (N, V) floating; grad_loss a float32 (float64 for float64 grad) scalar or (N,).
-void check_cross_entropy_backward(const char* op, const at::Tensor& grad,
-                                  const at::Tensor& grad_loss);
+void check_cross_entropy_backward(const char* op, const Tensor& grad, const Tensor& grad_loss);
 
 // Loss dtype: float64 for float64 logits (CPU), else float32.
-at::ScalarType ce_loss_dtype(const at::Tensor& logits);
+ScalarType ce_loss_dtype(const Tensor& logits);
 
 // --- the pieces (no dispatcher, no autograd) -------------------------------------------
 
 // The (2,) tensor on target's device that cross_entropy_rows scales the loss and gradient
 // by: for a mean, [sum of w_y over non-ignored rows (their count without weights), their
 // count], where a non-ignored target outside [0, V) makes both NaN; for sum / none, ones.
-at::Tensor cross_entropy_den(const at::Tensor& target, const at::Tensor& weight, int64_t V,
-                             int64_t ignore_index, at::ScalarType dtype, CeReduction reduction);
+Tensor cross_entropy_den(const Tensor& target, const Tensor& weight, int64_t V,
+                         int64_t ignore_index, ScalarType dtype, CeReduction reduction);
 
 // Per-row loss and z-loss of contiguous (M, V) `logits` into loss_rows / z_rows (M,),
-// scaled by the denominators `den` (cross_entropy_den's). With `grad` defined, also the gradient of
-// each row's loss, written into grad (M, V), which may be `logits` itself. `weight` is
-// the class weights in the loss dtype (float32 on CUDA) or undefined.
-void cross_entropy_rows(const at::Tensor& logits, const at::Tensor& grad,
-                        const at::Tensor& target, const at::Tensor& weight, const at::Tensor& den,
-                        const at::Tensor& loss_rows, const at::Tensor& z_rows,
-                        const CeOptions& o);
+// scaled by the denominators `den` (cross_entropy_den's). With `grad` defined, also the
+// gradient of each row's loss, written into grad (M, V), which may be `logits` itself.
+// `weight` is the class weights in the loss dtype (float32 on CUDA) or undefined.
+void cross_entropy_rows(const Tensor& logits, const Tensor& grad, const Tensor& target,
+                        const Tensor& weight, const Tensor& den, const Tensor& loss_rows,
+                        const Tensor& z_rows, const CeOptions& o);
 
 // dst = src * grad_loss (a scalar, or one value per row), src and dst (M, V) contiguous;
-// dst may be src, and then a grad_loss of 1 leaves it untouched without reading it.
-void cross_entropy_scale(const at::Tensor& src, const at::Tensor& dst,
-                         const at::Tensor& grad_loss);
+// dst may be src, and then a grad_loss of 1 leaves it untouched without reading it (CUDA).
+void cross_entropy_scale(const Tensor& src, const Tensor& dst, const Tensor& grad_loss);
 
 // The reductions of per-row values: (loss, z_loss) as the op returns them.
-std::tuple<at::Tensor, at::Tensor> cross_entropy_reduce(const at::Tensor& loss_rows,
-                                                        const at::Tensor& z_rows,
-                                                        CeReduction reduction);
+std::tuple<Tensor, Tensor> cross_entropy_reduce(const Tensor& loss_rows, const Tensor& z_rows,
+                                                CeReduction reduction);
 
 // Device-specific halves of the pieces above (cross_entropy_cpu.cpp / _cuda.cpp).
-at::Tensor cross_entropy_den_cpu(const at::Tensor& target, const at::Tensor& weight, int64_t V,
-                                 int64_t ignore_index, at::ScalarType dtype);
-void cross_entropy_rows_cpu(const at::Tensor& logits, const at::Tensor& grad,
-                            const at::Tensor& target, const at::Tensor& weight,
-                            const at::Tensor& den, const at::Tensor& loss_rows,
-                            const at::Tensor& z_rows, const CeOptions& o);
-at::Tensor cross_entropy_den_cuda(const at::Tensor& target, const at::Tensor& weight, int64_t V,
-                                  int64_t ignore_index);
-void cross_entropy_rows_cuda(const at::Tensor& logits, const at::Tensor& grad,
-                             const at::Tensor& target, const at::Tensor& weight,
-                             const at::Tensor& den, const at::Tensor& loss_rows,
-                             const at::Tensor& z_rows, const CeOptions& o);
-void cross_entropy_scale_cuda(const at::Tensor& src, const at::Tensor& dst,
-                              const at::Tensor& grad_loss);
+Tensor cross_entropy_den_cpu(const Tensor& target, const Tensor& weight, int64_t V,
+                             int64_t ignore_index, ScalarType dtype);
+void cross_entropy_rows_cpu(const Tensor& logits, const Tensor& grad, const Tensor& target,
+                            const Tensor& weight, const Tensor& den, const Tensor& loss_rows,
+                            const Tensor& z_rows, const CeOptions& o);
+Tensor cross_entropy_den_cuda(const Tensor& target, const Tensor& weight, int64_t V,
+                              int64_t ignore_index);
+void cross_entropy_rows_cuda(const Tensor& logits, const Tensor& grad, const Tensor& target,
+                             const Tensor& weight, const Tensor& den, const Tensor& loss_rows,
+                             const Tensor& z_rows, const CeOptions& o);
+void cross_entropy_scale_cuda(const Tensor& src, const Tensor& dst, const Tensor& grad_loss);
 
-// --- the registered internal ops (every backend but Meta runs these) ---------------------
+// --- the registered internal ops (the CPU and CUDA backends register these) -------------
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_impl(
-    const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
-    int64_t ignore_index, double label_smoothing, c10::string_view reduction,
-    double lse_square_scale, std::optional<double> softcap, bool compute_grad);
-std::tuple<at::Tensor, at::Tensor> cross_entropy_forward_inplace_impl(
-    at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
-    int64_t ignore_index, double label_smoothing, c10::string_view reduction,
-    double lse_square_scale, std::optional<double> softcap);
-at::Tensor cross_entropy_backward_impl(const at::Tensor& grad, const at::Tensor& grad_loss);
-void cross_entropy_backward_inplace_impl(at::Tensor& grad, const at::Tensor& grad_loss);
-
-// --- autograd helpers (cross_entropy_autograd.cpp) --------------------------------------
-
-// Plain eager tensors on which fk may write in place: no dispatch mode active, no
-// functional / fake / subclass tensors (as under torch.compile or opcheck), strided.
-bool plain_eager(std::initializer_list<const at::Tensor*> tensors);
-
-// The backward of a gradient the forward computed for a grad_output of 1 (2-D): scaled by
-// grad_loss in place where that is safe (plain eager, the graph not retained, no
-// higher-order graph) and returned as a new tensor object on the same memory, else into
-// a new tensor; under create_graph the result raises when differentiated.
-at::Tensor scale_stored_grad(at::Tensor stored, const at::Tensor& grad_loss);
-
-// --- calls through the dispatcher ------------------------------------------------------
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_call(
-    const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
-    int64_t ignore_index, double label_smoothing, std::string_view reduction,
-    double lse_square_scale, std::optional<double> softcap, bool compute_grad);
-std::tuple<at::Tensor, at::Tensor> cross_entropy_forward_inplace_call(
-    at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
-    int64_t ignore_index, double label_smoothing, std::string_view reduction,
-    double lse_square_scale, std::optional<double> softcap);
-at::Tensor cross_entropy_backward_call(const at::Tensor& grad, const at::Tensor& grad_loss);
-void cross_entropy_backward_inplace_call(at::Tensor& grad, const at::Tensor& grad_loss);
+std::tuple<Tensor, Tensor, Tensor> cross_entropy_forward_impl(
+    Tensor logits, Tensor target, std::optional<Tensor> weight, int64_t ignore_index,
+    double label_smoothing, std::string reduction, double lse_square_scale,
+    std::optional<double> softcap, bool compute_grad);
+std::tuple<Tensor, Tensor> cross_entropy_forward_inplace_impl(
+    Tensor logits, Tensor target, std::optional<Tensor> weight, int64_t ignore_index,
+    double label_smoothing, std::string reduction, double lse_square_scale,
+    std::optional<double> softcap);
+Tensor cross_entropy_backward_impl(Tensor grad, Tensor grad_loss);
+void cross_entropy_backward_inplace_impl(Tensor grad, Tensor grad_loss);
 
 }  // namespace fk::ops

@@ -1,82 +1,101 @@
-// CPU reference of fk::cross_entropy in plain ATen, float32 math (float64 for float64
-// logits): the same per-row formulas as the CUDA kernels (triton_src/cross_entropy.py).
-#include <ATen/ATen.h>
-#include <torch/library.h>
-
+// CPU reference of fk::cross_entropy in ATen operators (through the stable dispatcher),
+// float32 math (float64 for float64 logits): the same per-row formulas as the CUDA kernels
+// (triton_src/cross_entropy.py).
 #include <limits>
 
 #include "ops/cross_entropy/cross_entropy.h"
 
 namespace fk::ops {
+namespace {
 
-at::Tensor cross_entropy_den_cpu(const at::Tensor& target, const at::Tensor& weight, int64_t V,
-                                 int64_t ignore_index, at::ScalarType dtype) {
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  auto opts = target.options().dtype(dtype);
-  auto keep = target != ignore_index;
-  auto valid = (target >= 0).logical_and(target < V);
-  auto count = at::where(valid, at::ones({}, opts), at::full({}, nan, opts));
-  auto w = count;
-  if (weight.defined()) w = at::where(valid, weight.index({target.clamp(0, V - 1)}), nan);
-  auto zero = at::zeros({}, opts);
-  return at::stack({at::where(keep, w, zero).sum(), at::where(keep, count, zero).sum()});
+constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+
+// A 0-dim tensor of `dtype` on `like`'s device.
+Tensor constant(double v, ScalarType dtype, const Tensor& like) {
+  return aten::full({}, v, dtype, like.device());
 }
 
-void cross_entropy_rows_cpu(const at::Tensor& logits, const at::Tensor& grad,
-                            const at::Tensor& target, const at::Tensor& weight,
-                            const at::Tensor& den, const at::Tensor& loss_rows,
-                            const at::Tensor& z_rows, const CeOptions& o) {
-  const double nan = std::numeric_limits<double>::quiet_NaN();
+// Non-ignored rows, rows whose target is a class in [0, V), and the targets with the
+// others replaced by class 0 (their values are then masked).
+struct Targets {
+  Tensor keep, valid, y;
+};
+Targets targets(const Tensor& target, int64_t V, int64_t ignore_index) {
+  auto keep = aten::ne(target, aten::scalar_int(ignore_index));
+  auto valid = aten::logical_and(aten::ge(target, aten::scalar_int(0)),
+                                 aten::lt(target, aten::scalar_int(V)));
+  auto y = aten::where(valid, target, aten::scalar_int(0));
+  return {keep, valid, y};
+}
+
+}  // namespace
+
+Tensor cross_entropy_den_cpu(const Tensor& target, const Tensor& weight, int64_t V,
+                             int64_t ignore_index, ScalarType dtype) {
+  const auto [keep, valid, y] = targets(target, V, ignore_index);
+  const auto nan = constant(kNan, dtype, target), zero = constant(0.0, dtype, target);
+  auto count = aten::where(valid, constant(1.0, dtype, target), nan);
+  auto w = count;
+  if (weight.defined()) w = aten::where(valid, aten::index_select(weight, 0, y), nan);
+  return aten::stack({aten::sum_all(aten::where(keep, w, zero)),
+                      aten::sum_all(aten::where(keep, count, zero))},
+                     0);
+}
+
+void cross_entropy_rows_cpu(const Tensor& logits, const Tensor& grad, const Tensor& target,
+                            const Tensor& weight, const Tensor& den, const Tensor& loss_rows,
+                            const Tensor& z_rows, const CeOptions& o) {
   const auto dtype = loss_rows.scalar_type();
   const int64_t V = logits.size(1);
   const double ls = o.label_smoothing, s = o.lse_square_scale;
-  auto x = logits.to(dtype);
-  at::Tensor t;  // tanh(x / softcap)
+  auto x = aten::to(logits, dtype);
+  Tensor t;  // tanh(x / softcap)
   if (o.softcap) {
-    t = at::tanh(x / *o.softcap);
+    t = aten::tanh(x / *o.softcap);
     x = t * *o.softcap;
   }
-  auto lse = at::logsumexp(x, 1);
-  auto keep = target != o.ignore_index;
-  auto valid = (target >= 0).logical_and(target < V);
-  auto y = target.clamp(0, V - 1);
-  auto x_y = at::where(valid, x.gather(1, y.unsqueeze(1)).squeeze(1), nan);
-  auto w_y = weight.defined() ? weight.index({y}) : at::ones_like(lse);
-  w_y = at::where(valid, w_y, nan);
-  at::Tensor inv_dw = at::ones({}, lse.options()), inv_dn = inv_dw;
+  auto lse = aten::logsumexp(x, {1});
+  const auto [keep, valid, y] = targets(target, V, o.ignore_index);
+  const auto nan = constant(kNan, dtype, logits);
+  auto x_y = aten::where(valid, aten::squeeze(aten::gather(x, 1, aten::unsqueeze(y, 1)), 1), nan);
+  auto w_y = weight.defined() ? aten::index_select(weight, 0, y) : constant(1.0, dtype, logits);
+  w_y = aten::where(valid, w_y, nan);
+  Tensor inv_dw = constant(1.0, dtype, logits), inv_dn = inv_dw;
   if (o.reduction == CeReduction::Mean) {
-    inv_dw = den[0].reciprocal();
-    inv_dn = den[1].reciprocal();
+    inv_dw = aten::reciprocal(aten::select(den, 0, 0));
+    inv_dn = aten::reciprocal(aten::select(den, 0, 1));
   }
   // sum_j w_j (lse - x_j) = sw * lse - sx
-  auto sw = weight.defined() ? weight.sum() : at::full({}, static_cast<double>(V), lse.options());
+  auto sw = weight.defined() ? aten::sum_all(weight)
+                             : constant(static_cast<double>(V), dtype, logits);
   auto ce = w_y * (lse - x_y);
   if (ls > 0) {
-    auto sx = weight.defined() ? (x * weight).sum(1) : x.sum(1);
+    auto sx = weight.defined() ? aten::sum(x * weight, {1}) : aten::sum(x, {1});
     ce = (1 - ls) * ce + (ls / V) * (sw * lse - sx);
   }
   auto z = s * lse * lse;
-  loss_rows.copy_(at::where(keep, ce * inv_dw + z * inv_dn, inv_dw * 0));
-  z_rows.copy_(at::where(keep, z * inv_dn, inv_dn * 0));
+  aten::copy_(loss_rows, aten::where(keep, ce * inv_dw + z * inv_dn, inv_dw * 0.0));
+  aten::copy_(z_rows, aten::where(keep, z * inv_dn, inv_dn * 0.0));
   if (!grad.defined()) return;
 
-  auto p = at::exp(x - lse.unsqueeze(1));
+  auto p = aten::exp(x - aten::unsqueeze(lse, 1));
   auto a = ((1 - ls) * w_y + (ls / V) * sw) * inv_dw + 2 * s * lse * inv_dn;
-  auto g = p * a.unsqueeze(1);
-  g.scatter_add_(1, y.unsqueeze(1), (-(1 - ls) * w_y * inv_dw).unsqueeze(1));
+  auto g = p * aten::unsqueeze(a, 1);
+  aten::scatter_add_(g, 1, aten::unsqueeze(y, 1), aten::unsqueeze(-(1 - ls) * w_y * inv_dw, 1));
   if (ls > 0) {
-    g = g - (ls / V) * inv_dw * (weight.defined() ? weight : at::ones({V}, lse.options()));
+    g = g - (ls / V) * inv_dw *
+                (weight.defined() ? weight : aten::full({V}, 1.0, dtype, logits.device()));
   }
-  if (o.softcap) g = g * (1 - t * t);
-  g = at::where(keep.unsqueeze(1), g, at::zeros({}, g.options()));
-  grad.copy_(g);
+  if (o.softcap) g = g * (1.0 - t * t);
+  g = aten::where(aten::unsqueeze(keep, 1), g, constant(0.0, dtype, logits));
+  aten::copy_(grad, g);
 }
 
 }  // namespace fk::ops
 
-TORCH_LIBRARY_IMPL(fk, CPU, m) {
-  m.impl("_cross_entropy_forward", fk::ops::cross_entropy_forward_impl);
-  m.impl("_cross_entropy_forward_", fk::ops::cross_entropy_forward_inplace_impl);
-  m.impl("_cross_entropy_backward", fk::ops::cross_entropy_backward_impl);
-  m.impl("_cross_entropy_backward_", fk::ops::cross_entropy_backward_inplace_impl);
+STABLE_TORCH_LIBRARY_IMPL(fk, CPU, m) {
+  m.impl("_cross_entropy_forward", TORCH_BOX(&fk::ops::cross_entropy_forward_impl));
+  m.impl("_cross_entropy_forward_", TORCH_BOX(&fk::ops::cross_entropy_forward_inplace_impl));
+  m.impl("_cross_entropy_backward", TORCH_BOX(&fk::ops::cross_entropy_backward_impl));
+  m.impl("_cross_entropy_backward_", TORCH_BOX(&fk::ops::cross_entropy_backward_inplace_impl));
 }

@@ -5,9 +5,6 @@
 // more from L2, the gradient written in the logits' dtype; a variant may split each row over
 // a thread-block cluster of programs. Backward: a persistent
 // scaling kernel that returns at once for a grad_output of 1 in place.
-#include <ATen/ATen.h>
-#include <torch/library.h>
-
 #include <algorithm>
 
 #include "ops/cross_entropy/cross_entropy.h"
@@ -21,16 +18,16 @@ using runtime::KernelArgs;
 
 constexpr uint32_t kFlagGeneral = 2;  // triton_src/cross_entropy.py FLAG_GENERAL
 
-int64_t sm_count(const at::Tensor& t) { return runtime::device_sm_count(t.device().index()); }
+int64_t sm_count(const Tensor& t) { return runtime::device_sm_count(t.device().index()); }
 
 }  // namespace
 
-at::Tensor cross_entropy_den_cuda(const at::Tensor& target, const at::Tensor& weight, int64_t V,
-                                  int64_t ignore_index) {
+Tensor cross_entropy_den_cuda(const Tensor& target, const Tensor& weight, int64_t V,
+                              int64_t ignore_index) {
   constexpr const char* op = "fk::cross_entropy";
   // The programs add their partial sums atomically into the pair, zeroed first on the same
   // stream (a CUDA graph captures both).
-  auto den = at::zeros({2}, target.options().dtype(at::kFloat));
+  auto den = aten::zeros({2}, kFloat, target.device());
   static const auto& fam = runtime::family("cross_entropy_den");
   const auto& k = fam.pick(op, den, 0, 0);
   const int64_t n = target.numel();
@@ -43,16 +40,16 @@ at::Tensor cross_entropy_den_cuda(const at::Tensor& target, const at::Tensor& we
   return den;
 }
 
-void cross_entropy_rows_cuda(const at::Tensor& logits, const at::Tensor& grad,
-                             const at::Tensor& target, const at::Tensor& weight,
-                             const at::Tensor& den, const at::Tensor& loss_rows,
-                             const at::Tensor& z_rows, const CeOptions& o) {
+void cross_entropy_rows_cuda(const Tensor& logits, const Tensor& grad, const Tensor& target,
+                             const Tensor& weight, const Tensor& den, const Tensor& loss_rows,
+                             const Tensor& z_rows, const CeOptions& o) {
   constexpr const char* op = "fk::cross_entropy";
   const int64_t m = logits.size(0), v = logits.size(1);
   const bool write_grad = grad.defined();
-  const at::Tensor& g = write_grad ? grad : logits;  // unwritten when write_grad is false
-  TORCH_INTERNAL_ASSERT(g.scalar_type() == logits.scalar_type() && logits.stride(1) == 1 &&
-                        g.stride(1) == 1);
+  const Tensor& g = write_grad ? grad : logits;  // unwritten when write_grad is false
+  FK_CHECK(g.scalar_type() == logits.scalar_type() && logits.stride(1) == 1 && g.stride(1) == 1,
+           op, ": internal error: the gradient must have the logits' dtype and both unit "
+           "column strides");
   const bool general = weight.defined() || o.label_smoothing > 0.0 || o.softcap.has_value();
   const bool aligned = v % 16 == 0 && logits.stride(0) % 16 == 0 && g.stride(0) % 16 == 0 &&
                        runtime::aligned16({&logits, &g});
@@ -64,7 +61,8 @@ void cross_entropy_rows_cuda(const at::Tensor& logits, const at::Tensor& grad,
   const int64_t chunks = k.constexpr_value("CHUNKS");
   const int64_t rows_at_once = std::min(m, sm_count(logits) * k.constexpr_value("PER_SM"));
   // The kernel always reads (D_w, D_n) (ones unless the reduction is "mean").
-  TORCH_INTERNAL_ASSERT(den.defined() && den.scalar_type() == at::kFloat && den.numel() == 2);
+  FK_CHECK(den.defined() && den.scalar_type() == kFloat && den.numel() == 2, op,
+           ": internal error: the denominators must be a float32 pair");
   KernelArgs args;
   args.ptr(logits).ptr(g).ptr(target).ptr(weight.defined() ? weight : loss_rows)
       .ptr(den).ptr(loss_rows).ptr(z_rows)
@@ -75,8 +73,7 @@ void cross_entropy_rows_cuda(const at::Tensor& logits, const at::Tensor& grad,
   runtime::launch(op, k, logits.device(), {rows_at_once * chunks, 1, 1}, args);
 }
 
-void cross_entropy_scale_cuda(const at::Tensor& src, const at::Tensor& dst,
-                              const at::Tensor& grad_loss) {
+void cross_entropy_scale_cuda(const Tensor& src, const Tensor& dst, const Tensor& grad_loss) {
   constexpr const char* op = "fk::cross_entropy (backward)";
   const int64_t m = src.size(0), v = src.size(1);
   const bool in_place = src.data_ptr() == dst.data_ptr();
@@ -85,7 +82,7 @@ void cross_entropy_scale_cuda(const at::Tensor& src, const at::Tensor& dst,
   const auto& k = fam.pick(op, src, 0, aligned ? runtime::kFlagAligned : 0);
   const int64_t tiles = m * checks::ceil_div(v, k.block);
   const int64_t programs = std::min(tiles, sm_count(src) * k.constexpr_value("PER_SM"));
-  auto g = grad_loss.to(at::kFloat).contiguous();
+  auto g = aten::contiguous(aten::to(grad_loss, kFloat));
   KernelArgs args;
   args.ptr(src).ptr(dst).ptr(g).i64(g.dim() == 0 ? 0 : 1).i64(src.stride(0)).i64(dst.stride(0))
       .i64(m).i32(v).i32(in_place ? 1 : 0);
@@ -94,9 +91,9 @@ void cross_entropy_scale_cuda(const at::Tensor& src, const at::Tensor& dst,
 
 }  // namespace fk::ops
 
-TORCH_LIBRARY_IMPL(fk, CUDA, m) {
-  m.impl("_cross_entropy_forward", fk::ops::cross_entropy_forward_impl);
-  m.impl("_cross_entropy_forward_", fk::ops::cross_entropy_forward_inplace_impl);
-  m.impl("_cross_entropy_backward", fk::ops::cross_entropy_backward_impl);
-  m.impl("_cross_entropy_backward_", fk::ops::cross_entropy_backward_inplace_impl);
+STABLE_TORCH_LIBRARY_IMPL(fk, CUDA, m) {
+  m.impl("_cross_entropy_forward", TORCH_BOX(&fk::ops::cross_entropy_forward_impl));
+  m.impl("_cross_entropy_forward_", TORCH_BOX(&fk::ops::cross_entropy_forward_inplace_impl));
+  m.impl("_cross_entropy_backward", TORCH_BOX(&fk::ops::cross_entropy_backward_impl));
+  m.impl("_cross_entropy_backward_", TORCH_BOX(&fk::ops::cross_entropy_backward_inplace_impl));
 }

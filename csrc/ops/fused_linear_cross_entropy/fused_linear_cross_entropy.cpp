@@ -1,45 +1,42 @@
 // Schemas of fk::fused_linear_cross_entropy and its internal forward, the shared checks
-// and the chunk size.
+// and the chunk size. Fake kernel and the autograd kernel:
+// python/fk/ops/fused_linear_cross_entropy.py.
 #include "ops/fused_linear_cross_entropy/fused_linear_cross_entropy.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/library.h>
-
 #include <algorithm>
+#include <array>
 
-#include "fk/fk.h"
 #include "runtime/checks.h"
 
 namespace fk::ops {
 
 CeOptions check_fused_linear_cross_entropy(
-    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
-    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& ce_weight,
-    int64_t ignore_index, double label_smoothing, std::string_view reduction,
+    const Tensor& x, const Tensor& weight, const Tensor& target,
+    const std::optional<Tensor>& bias, const std::optional<Tensor>& ce_weight,
+    int64_t ignore_index, double label_smoothing, const std::string& reduction,
     double lse_square_scale, std::optional<double> softcap, std::optional<int64_t> chunk_size,
-    std::optional<at::ScalarType> accum_dtype) {
+    std::optional<ScalarType> accum_dtype) {
   constexpr const char* op = "fk::fused_linear_cross_entropy";
-  TORCH_CHECK(x.dim() == 2, op, ": x must have shape (N, H), got ", x.sym_sizes());
+  FK_CHECK(x.dim() == 2, op, ": x must have shape (N, H), got ", shape_of(x));
   checks::check_pair(op, "x", x, "weight", weight);
-  TORCH_CHECK(weight.dim() == 2 && weight.sym_size(1) == x.sym_size(1), op,
-              ": weight must have shape (V, ", x.sym_size(1), ") to match x, got ",
-              weight.sym_sizes());
-  TORCH_CHECK(weight.sym_size(0) >= 1, op, ": weight must have at least one class (row), got "
-              "shape ", weight.sym_sizes());
-  if (bias.has_value() && bias->defined()) {
+  FK_CHECK(weight.dim() == 2 && weight.size(1) == x.size(1), op,
+           ": weight must have shape (V, ", x.size(1), ") to match x, got ", shape_of(weight));
+  FK_CHECK(weight.size(0) >= 1, op, ": weight must have at least one class (row), got shape ",
+           shape_of(weight));
+  if (has(bias)) {
     checks::check_pair(op, "x", x, "bias", *bias);
-    TORCH_CHECK(bias->dim() == 1 && bias->sym_size(0) == weight.sym_size(0), op,
-                ": bias must have shape (", weight.sym_size(0), ",), got ", bias->sym_sizes());
+    FK_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), op,
+             ": bias must have shape (", weight.size(0), ",), got ", shape_of(*bias));
   }
-  TORCH_CHECK(!chunk_size.has_value() || *chunk_size >= 1, op,
-              ": chunk_size must be positive, got ", chunk_size.value_or(0));
-  TORCH_CHECK(!accum_dtype.has_value() || *accum_dtype == at::kFloat ||
-                  *accum_dtype == weight.scalar_type(),
-              op, ": accum_dtype must be None, torch.float32 or the weight's dtype, got ",
-              accum_dtype.value_or(at::kFloat));
-  return check_ce_target_and_options(op, "x", x, x.sym_size(0), weight.sym_size(0), target,
-                                     ce_weight, "ce_weight", ignore_index, label_smoothing,
-                                     reduction, lse_square_scale, softcap);
+  FK_CHECK(!chunk_size.has_value() || *chunk_size >= 1, op,
+           ": chunk_size must be positive, got ", chunk_size.value_or(0));
+  FK_CHECK(!accum_dtype.has_value() || *accum_dtype == kFloat ||
+               *accum_dtype == weight.scalar_type(),
+           op, ": accum_dtype must be None, torch.float32 or the weight's dtype, got ",
+           accum_dtype.value_or(kFloat));
+  return check_ce_target_and_options(op, "x", x, x.size(0), weight.size(0), target, ce_weight,
+                                     "ce_weight", ignore_index, label_smoothing, reduction,
+                                     lse_square_scale, softcap);
 }
 
 int64_t flce_chunk_rows(int64_t n, int64_t h, int64_t v, std::optional<int64_t> chunk_size) {
@@ -53,45 +50,28 @@ int64_t flce_chunk_rows(int64_t n, int64_t h, int64_t v, std::optional<int64_t> 
   return std::max<int64_t>(1, std::min(rows, n));
 }
 
-FlceResult fused_linear_cross_entropy_forward_call(
-    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
-    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& ce_weight,
-    int64_t ignore_index, double label_smoothing, std::string_view reduction,
-    double lse_square_scale, std::optional<double> softcap, std::optional<int64_t> chunk_size,
-    std::optional<at::ScalarType> accum_dtype, std::array<bool, 3> grad_mask,
-    const std::optional<at::Tensor>& grad_rows) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fk::_fused_linear_cross_entropy_forward", "")
-                       .typed<FlceResult(
-                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                           int64_t, double, c10::string_view, double, std::optional<double>,
-                           std::optional<int64_t>, std::optional<at::ScalarType>,
-                           std::array<bool, 3>, const std::optional<at::Tensor>&)>();
-  return op.call(x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
-                 lse_square_scale, softcap, chunk_size, accum_dtype, grad_mask, grad_rows);
+namespace {
+
+// fused_linear_cross_entropy below autograd (no gradient wanted, or inference): the losses
+// only. The autograd kernel is python/fk/ops/fused_linear_cross_entropy.py.
+std::tuple<Tensor, Tensor> fused_linear_cross_entropy_composite(
+    Tensor x, Tensor weight, Tensor target, std::optional<Tensor> bias,
+    std::optional<Tensor> ce_weight, int64_t ignore_index, double label_smoothing,
+    std::string reduction, double lse_square_scale, std::optional<double> softcap,
+    std::optional<int64_t> chunk_size, std::optional<ScalarType> accum_dtype) {
+  const std::array<bool, 3> no_grad{false, false, false};
+  auto r = aten::call_n<5>("fk::_fused_linear_cross_entropy_forward", "", x, weight, target,
+                           bias, ce_weight, ignore_index, label_smoothing, reduction,
+                           lse_square_scale, softcap, chunk_size, accum_dtype,
+                           torch::headeronly::HeaderOnlyArrayRef<bool>(no_grad.data(), 3),
+                           std::optional<Tensor>());
+  return {r[0], r[1]};
 }
 
+}  // namespace
 }  // namespace fk::ops
 
-at::Tensor fk::fused_linear_cross_entropy(
-    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
-    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& ce_weight,
-    int64_t ignore_index, double label_smoothing, const std::string& reduction,
-    double lse_square_scale, std::optional<double> softcap, std::optional<int64_t> chunk_size,
-    std::optional<at::ScalarType> accum_dtype) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fk::fused_linear_cross_entropy", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                           int64_t, double, c10::string_view, double, std::optional<double>,
-                           std::optional<int64_t>, std::optional<at::ScalarType>)>();
-  return std::get<0>(op.call(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
-                             reduction, lse_square_scale, softcap, chunk_size, accum_dtype));
-}
-
-TORCH_LIBRARY_FRAGMENT(fk, m) {
+STABLE_TORCH_LIBRARY_FRAGMENT(fk, m) {
   // (loss, z_loss) of fk::cross_entropy(x @ weight^T + bias, target, ce_weight, ...) with x
   // (N, H), weight (V, H), bias (V,), computed chunk_size rows at a time (chosen from the
   // shapes when None); accum_dtype: the dtype grad_weight / grad_bias are summed in
@@ -102,7 +82,7 @@ TORCH_LIBRARY_FRAGMENT(fk, m) {
         "int? chunk_size=None, ScalarType? accum_dtype=None) -> (Tensor, Tensor)");
   // (loss, z_loss, grad_x, grad_weight, grad_bias): the gradients where grad_mask (x,
   // weight, bias) asks, for a grad_output of 1, or of grad_rows (N,) applied to each row
-  // of the logits' gradient before the products; undefined elsewhere.
+  // of the logits' gradient before the products; None elsewhere.
   m.def("_fused_linear_cross_entropy_forward(Tensor x, Tensor weight, Tensor target, "
         "Tensor? bias, Tensor? ce_weight, int ignore_index, float label_smoothing, "
         "str reduction, float lse_square_scale, float? softcap, int? chunk_size, "
@@ -110,25 +90,7 @@ TORCH_LIBRARY_FRAGMENT(fk, m) {
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
-namespace fk::ops {
-namespace {
-
-// fused_linear_cross_entropy without autograd: the losses only.
-std::tuple<at::Tensor, at::Tensor> fused_linear_cross_entropy_composite(
-    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
-    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& ce_weight,
-    int64_t ignore_index, double label_smoothing, c10::string_view reduction,
-    double lse_square_scale, std::optional<double> softcap, std::optional<int64_t> chunk_size,
-    std::optional<at::ScalarType> accum_dtype) {
-  auto r = fused_linear_cross_entropy_forward_call(
-      x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
-      lse_square_scale, softcap, chunk_size, accum_dtype, {false, false, false}, std::nullopt);
-  return {std::get<0>(r), std::get<1>(r)};
-}
-
-}  // namespace
-}  // namespace fk::ops
-
-TORCH_LIBRARY_IMPL(fk, CompositeExplicitAutograd, m) {
-  m.impl("fused_linear_cross_entropy", fk::ops::fused_linear_cross_entropy_composite);
+STABLE_TORCH_LIBRARY_IMPL(fk, CompositeExplicitAutograd, m) {
+  m.impl("fused_linear_cross_entropy",
+         TORCH_BOX(&fk::ops::fused_linear_cross_entropy_composite));
 }

@@ -5,12 +5,10 @@
 // turn it into the gradients of x, weight and bias. No kernels of its own (FK_HOST_OPS).
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
-#include <array>
 #include <optional>
-#include <string_view>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "ops/cross_entropy/cross_entropy.h"
 
@@ -18,13 +16,14 @@ namespace fk::ops {
 
 // Shared by every backend: x (N, H) floating; weight (V, H) and bias (V,) of x's dtype and
 // device; target / ce_weight / options as for cross_entropy; chunk_size >= 1; accum_dtype
-// float32 or weight's dtype.
+// float32 or weight's dtype. python/fk/ops/fused_linear_cross_entropy.py raises the same
+// messages from the fake kernel.
 CeOptions check_fused_linear_cross_entropy(
-    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
-    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& ce_weight,
-    int64_t ignore_index, double label_smoothing, std::string_view reduction,
+    const Tensor& x, const Tensor& weight, const Tensor& target,
+    const std::optional<Tensor>& bias, const std::optional<Tensor>& ce_weight,
+    int64_t ignore_index, double label_smoothing, const std::string& reduction,
     double lse_square_scale, std::optional<double> softcap, std::optional<int64_t> chunk_size,
-    std::optional<at::ScalarType> accum_dtype);
+    std::optional<ScalarType> accum_dtype);
 
 // Rows per chunk: chunk_size if given, else logits about the size of x but at least
 // kFlceMinChunkRows rows, a multiple of 128, at most n.
@@ -33,14 +32,14 @@ int64_t flce_chunk_rows(int64_t n, int64_t h, int64_t v, std::optional<int64_t> 
 
 // (loss, z_loss, grad_x, grad_weight, grad_bias); a gradient is computed only where
 // grad_mask says so (grad_bias also needs a bias), for a grad_output of 1, or of
-// grad_rows (one value per row, reduction 'none') when given.
-using FlceResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-FlceResult fused_linear_cross_entropy_forward_call(
-    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
-    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& ce_weight,
-    int64_t ignore_index, double label_smoothing, std::string_view reduction,
-    double lse_square_scale, std::optional<double> softcap, std::optional<int64_t> chunk_size,
-    std::optional<at::ScalarType> accum_dtype, std::array<bool, 3> grad_mask,
-    const std::optional<at::Tensor>& grad_rows);
+// grad_rows (one value per row, reduction 'none') when given. The CPU and CUDA backends
+// register it (fused_linear_cross_entropy_chunked.cpp).
+using FlceResult = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+FlceResult fused_linear_cross_entropy_forward_impl(
+    Tensor x, Tensor weight, Tensor target, std::optional<Tensor> bias,
+    std::optional<Tensor> ce_weight, int64_t ignore_index, double label_smoothing,
+    std::string reduction, double lse_square_scale, std::optional<double> softcap,
+    std::optional<int64_t> chunk_size, std::optional<ScalarType> accum_dtype,
+    std::vector<bool> grad_mask, std::optional<Tensor> grad_rows);
 
 }  // namespace fk::ops

@@ -1,8 +1,24 @@
+"""fk.cross_entropy.
+
+Autograd: a Python Autograd kernel on the public op fk::cross_entropy (a
+torch.autograd.Function around the internal ops, registered with
+``torch.library.Library("fk", "IMPL").impl(..., "Autograd", with_keyset=True)``, as
+torch.library.register_autograd does internally). register_autograd cannot express it: the
+forward computes the gradient, and writes it into the logits' own memory, only when the
+logits require grad and in plain eager execution, and the backward scales it in place only
+when the graph is not retained. The internal ops fk::_cross_entropy_forward(_) and
+fk::_cross_entropy_backward(_) have fake kernels and no autograd formula.
+"""
 from typing import Optional, Tuple, Union
 
 import torch
+from torch._C import DispatchKey
+from torch.autograd.graph import increment_version
+
+from . import _autograd, _checks as c
 
 REDUCTIONS = ("mean", "sum", "none")
+_OP = "fk::cross_entropy"
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
@@ -54,9 +70,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
         ``"none"``; with ``return_z_loss``, ``(loss, z_loss)``. Differentiable in
         ``logits`` (any ``grad_output``, per row for ``"none"``); the gradient is computed
         in float32 and rounded once to ``logits``' dtype, then scaled by ``grad_output``
-        in the backward (a second rounding unless ``grad_output`` is 1). No host
-        synchronisation: the mean's denominator stays on the device, so the op can be
-        captured in a CUDA graph.
+        in the backward (a second rounding unless ``grad_output`` is 1). A double backward
+        raises. No host synchronisation: the mean's denominator stays on the device, so
+        the op can be captured in a CUDA graph.
     """
     loss, z_loss = torch.ops.fk.cross_entropy(logits, target, weight, ignore_index,
                                               label_smoothing, reduction, lse_square_scale,
@@ -64,3 +80,198 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     if return_z_loss:
         return loss, z_loss
     return loss
+
+
+# --- checks and fake kernels (csrc/ops/cross_entropy/cross_entropy.cpp raises the same
+# messages) ---------------------------------------------------------------------------------
+
+def number_text(v: float) -> str:
+    """A float as C++'s ostream prints it (6 significant digits, no trailing zeros)."""
+    return "%g" % v
+
+
+def check_ce_target_and_options(op, like_name, like, n, v, target, weight, weight_name,
+                                ignore_index, label_smoothing, reduction, lse_square_scale,
+                                softcap):
+    c.check_same_device(op, like_name, like, "target", target)
+    c.check(target.dtype == torch.int64, op, ": target must be int64 (class indices), got ",
+            c.dtype_name(target.dtype))
+    c.check(target.dim() == 1 and target.shape[0] == n, op, ": target must have shape (", n,
+            ",) to match ", like_name, ", got ", c.shape_text(target))
+    if weight is not None:
+        c.check_same_device(op, like_name, like, weight_name, weight)
+        c.check_float(op, weight_name, weight)
+        c.check(weight.dim() == 1 and weight.shape[0] == v, op, ": ", weight_name,
+                " must have shape (", v, ",) (one per class), got ", c.shape_text(weight))
+    c.check(0.0 <= label_smoothing <= 1.0, op, ": label_smoothing must be in [0, 1], got ",
+            number_text(label_smoothing))
+    c.check(softcap is None or softcap > 0.0, op, ": softcap must be positive, got ",
+            number_text(0.0 if softcap is None else softcap))
+    c.check(reduction in REDUCTIONS, op, ": reduction must be one of 'mean', 'sum', 'none', "
+            "got '", reduction, "'")
+
+
+def check_cross_entropy(op, logits, target, weight, ignore_index, label_smoothing, reduction,
+                        lse_square_scale, softcap):
+    c.check(logits.dim() == 2, op, ": logits must have shape (N, V), got ", c.shape_text(logits))
+    c.check_float(op, "logits", logits)
+    c.check(logits.shape[1] >= 1, op, ": logits must have at least one class, got shape ",
+            c.shape_text(logits))
+    check_ce_target_and_options(op, "logits", logits, logits.shape[0], logits.shape[1], target,
+                                weight, "weight", ignore_index, label_smoothing, reduction,
+                                lse_square_scale, softcap)
+
+
+def check_cross_entropy_backward(op, grad, grad_loss):
+    c.check(grad.dim() == 2, op, ": grad must have shape (N, V), got ", c.shape_text(grad))
+    c.check_float(op, "grad", grad)
+    c.check_same_device(op, "grad", grad, "grad_loss", grad_loss)
+    loss_dtype = c.acc_dtype(grad)
+    c.check(grad_loss.dtype == loss_dtype, op, ": grad_loss must be ", c.dtype_name(loss_dtype),
+            ", got ", c.dtype_name(grad_loss.dtype))
+    c.check(grad_loss.dim() == 0 or (grad_loss.dim() == 1 and grad_loss.shape[0] == grad.shape[0]),
+            op, ": grad_loss must be a scalar or have shape (", grad.shape[0], ",), got ",
+            c.shape_text(grad_loss))
+
+
+def losses_like(like, n, reduction):
+    """Fake (loss, z_loss) of n rows: float32 (float64 for float64 `like`), (n,) or scalars."""
+    shape = (n,) if reduction == "none" else ()
+    dtype = c.acc_dtype(like)
+    return like.new_empty(shape, dtype=dtype), like.new_empty(shape, dtype=dtype)
+
+
+@torch.library.register_fake("fk::_cross_entropy_forward")
+def _forward_fake(logits, target, weight, ignore_index, label_smoothing, reduction,
+                  lse_square_scale, softcap, compute_grad):
+    check_cross_entropy("fk::cross_entropy", logits, target, weight, ignore_index,
+                        label_smoothing, reduction, lse_square_scale, softcap)
+    loss, z = losses_like(logits, logits.shape[0], reduction)
+    grad = logits.new_empty(logits.shape) if compute_grad else None
+    return loss, z, grad
+
+
+@torch.library.register_fake("fk::_cross_entropy_forward_")
+def _forward_inplace_fake(logits, target, weight, ignore_index, label_smoothing, reduction,
+                          lse_square_scale, softcap):
+    check_cross_entropy("fk::_cross_entropy_forward_", logits, target, weight, ignore_index,
+                        label_smoothing, reduction, lse_square_scale, softcap)
+    return losses_like(logits, logits.shape[0], reduction)
+
+
+@torch.library.register_fake("fk::_cross_entropy_backward")
+def _backward_fake(grad, grad_loss):
+    check_cross_entropy_backward("fk::_cross_entropy_backward", grad, grad_loss)
+    return grad.new_empty(grad.shape)
+
+
+@torch.library.register_fake("fk::_cross_entropy_backward_")
+def _backward_inplace_fake(grad, grad_loss):
+    check_cross_entropy_backward("fk::_cross_entropy_backward_", grad, grad_loss)
+
+
+# --- autograd (shared with fused_linear_cross_entropy) -------------------------------------
+
+_WRAPPED = (DispatchKey.Python, DispatchKey.Functionalize)
+
+
+def plain_eager(*tensors: torch.Tensor) -> bool:
+    """Plain eager tensors on which fk may write in place: no dispatch mode active, no
+    functional / fake / subclass tensors (as under torch.compile or opcheck), strided."""
+    if torch._C._len_torch_dispatch_stack() > 0:
+        return False
+    for t in tensors:
+        keys = torch._C._dispatch_keys(t)
+        if t.layout != torch.strided or any(keys.has(k) for k in _WRAPPED):
+            return False
+    return True
+
+
+def raise_when_differentiated(op: str, *grads):
+    """The gradients a backward returns under create_graph, marked so that differentiating
+    them raises (python/fk/ops/_autograd.py's guard), even where no grad_output requires
+    grad: they depend on a gradient the forward stored, which the internal ops cannot
+    differentiate."""
+    out = _autograd._raising(op, grads)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def scale_stored_grad(op: str, stored: torch.Tensor, grad_loss: torch.Tensor) -> torch.Tensor:
+    """The backward of a gradient the forward computed for a grad_output of 1 (2-D): scaled
+    by grad_loss in place where that is safe (plain eager, the graph not retained, no
+    higher-order graph) and returned as a new tensor object on the same memory (so a leaf's
+    .grad takes it without a copy), else into a new tensor. Under create_graph the result
+    raises when differentiated (an error naming `op`)."""
+    if torch.is_grad_enabled():  # create_graph
+        with torch.no_grad(), torch._C._AutoDispatchBelowAutograd():
+            out = torch.ops.fk._cross_entropy_backward(stored, grad_loss)
+        return raise_when_differentiated(op, out)[0]
+    with torch._C._AutoDispatchBelowAutograd():
+        if (not torch._C._autograd._get_current_graph_task_keep_graph()
+                and stored.is_contiguous() and plain_eager(stored, grad_loss)):
+            torch.ops.fk._cross_entropy_backward_(stored, grad_loss)
+            increment_version(stored)
+            return stored.detach()
+        return torch.ops.fk._cross_entropy_backward(stored, grad_loss)
+
+
+class _CrossEntropyFunction(torch.autograd.Function):
+    """The forward computes the gradient of the loss for a grad_output of 1 and keeps it;
+    the backward scales it by grad_output.
+
+    Where the gradient lives: with grad_in_logits in the logits' own memory, in plain eager
+    execution only (plain_eager; under torch.compile or opcheck a new buffer is used). The
+    logits' version counter is bumped, so anything else that saved them for its backward
+    raises autograd's "modified by an inplace operation" error instead of reading
+    gradients; the logits are saved as they are, so a later write into them makes this
+    backward raise too."""
+
+    @staticmethod
+    def forward(ctx, logits, target, weight, ignore_index, label_smoothing, reduction,
+                lse_square_scale, softcap, grad_in_logits):
+        ctx.set_materialize_grads(False)
+        with torch._C._AutoDispatchBelowAutograd():
+            if grad_in_logits and plain_eager(logits, target):
+                # The gradient goes into the logits, or into the one contiguous copy of them.
+                x = logits if logits.is_contiguous() else logits.contiguous()
+                loss, z = torch.ops.fk._cross_entropy_forward_(
+                    x, target, weight, ignore_index, label_smoothing, reduction,
+                    lse_square_scale, softcap)
+                if x is logits:
+                    increment_version(logits)
+                grad = x
+            else:
+                loss, z, grad = torch.ops.fk._cross_entropy_forward(
+                    logits, target, weight, ignore_index, label_smoothing, reduction,
+                    lse_square_scale, softcap, True)
+        ctx.save_for_backward(grad)
+        # z_loss is part of loss already and is returned for logging: no gradient through it.
+        ctx.mark_non_differentiable(z)
+        return loss, z
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_z):
+        # No grad_output for the loss: only z_loss was used, and it carries no gradient.
+        if grad_loss is None:
+            return (None,) * 9
+        (grad,) = ctx.saved_tensors
+        return (scale_stored_grad(_OP, grad, grad_loss),) + (None,) * 8
+
+
+def _cross_entropy_autograd(keyset, logits, target, weight=None, ignore_index=-100,
+                            label_smoothing=0.0, reduction="mean", lse_square_scale=0.0,
+                            softcap=None, grad_in_logits=True):
+    # The defaults are the schema's: the dispatcher may leave out arguments equal to them.
+    if not (torch.is_grad_enabled() and logits.requires_grad):
+        # No gradient wanted (class weights are not differentiated, as in torch): losses only.
+        with torch._C._AutoDispatchBelowAutograd():
+            loss, z, _ = torch.ops.fk._cross_entropy_forward(
+                logits, target, weight, ignore_index, label_smoothing, reduction,
+                lse_square_scale, softcap, False)
+        return loss, z
+    return _CrossEntropyFunction.apply(logits, target, weight, ignore_index, label_smoothing,
+                                       reduction, lse_square_scale, softcap, grad_in_logits)
+
+
+_lib = torch.library.Library("fk", "IMPL")
+_lib.impl("cross_entropy", _cross_entropy_autograd, "Autograd", with_keyset=True)

@@ -1,6 +1,22 @@
+"""fk.fused_linear_cross_entropy.
+
+Autograd: a Python Autograd kernel on the public op fk::fused_linear_cross_entropy (a
+torch.autograd.Function around the internal op, registered with
+``torch.library.Library("fk", "IMPL").impl(..., "Autograd", with_keyset=True)``, as
+torch.library.register_autograd does internally). register_autograd cannot express it: the
+forward computes the gradients, only those of the inputs that require grad, and the
+backward scales them in place only when the graph is not retained. The internal op
+fk::_fused_linear_cross_entropy_forward has a fake kernel and no autograd formula.
+"""
 from typing import Optional, Tuple, Union
 
 import torch
+
+from . import _checks as c
+from .cross_entropy import (check_ce_target_and_options, losses_like,
+                            raise_when_differentiated, scale_stored_grad)
+
+_OP = "fk::fused_linear_cross_entropy"
 
 
 def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -39,12 +55,17 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
             dtype. Pass a smaller value to trade speed for memory.
         accum_dtype: dtype ``grad_weight`` and ``grad_bias`` are summed over chunks in:
             None (the weight's dtype) or ``torch.float32`` (more accurate for bf16 / fp16
-            weights; a float32 buffer of the weight's size while the forward runs).
+            weights; a float32 buffer of the weight's size while the forward runs). On CUDA,
+            float32 sums of bf16 / fp16 products cost more than the default: each chunk's
+            product goes through a float32 temporary that is then added to the sum (torch's
+            stable C ABI cannot call an accumulating matmul with a float32 output), two more
+            passes over a float32 ``grad_weight`` per chunk and up to the chunk's logits
+            buffer of extra memory.
 
     Returns:
         The float32 loss, or ``(loss, z_loss)`` with ``return_z_loss``, as
         :func:`fk.cross_entropy` returns them. Differentiable in ``x``, ``weight`` and
-        ``bias``. No host synchronisation.
+        ``bias``; a double backward raises. No host synchronisation.
     """
     loss, z_loss = torch.ops.fk.fused_linear_cross_entropy(
         x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
@@ -52,3 +73,130 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
     if return_z_loss:
         return loss, z_loss
     return loss
+
+
+# --- checks and fake kernel (csrc/ops/fused_linear_cross_entropy/fused_linear_cross_entropy.cpp
+# raises the same messages) -------------------------------------------------------------------
+
+def check_fused_linear_cross_entropy(x, weight, target, bias, ce_weight, ignore_index,
+                                     label_smoothing, reduction, lse_square_scale, softcap,
+                                     chunk_size, accum_dtype):
+    op = "fk::fused_linear_cross_entropy"
+    c.check(x.dim() == 2, op, ": x must have shape (N, H), got ", c.shape_text(x))
+    c.check_pair(op, "x", x, "weight", weight)
+    c.check(weight.dim() == 2 and weight.shape[1] == x.shape[1], op,
+            ": weight must have shape (V, ", x.shape[1], ") to match x, got ",
+            c.shape_text(weight))
+    c.check(weight.shape[0] >= 1, op, ": weight must have at least one class (row), got shape ",
+            c.shape_text(weight))
+    if bias is not None:
+        c.check_pair(op, "x", x, "bias", bias)
+        c.check(bias.dim() == 1 and bias.shape[0] == weight.shape[0], op,
+                ": bias must have shape (", weight.shape[0], ",), got ", c.shape_text(bias))
+    c.check(chunk_size is None or chunk_size >= 1, op, ": chunk_size must be positive, got ",
+            0 if chunk_size is None else chunk_size)
+    c.check(accum_dtype is None or accum_dtype in (torch.float32, weight.dtype), op,
+            ": accum_dtype must be None, torch.float32 or the weight's dtype, got ",
+            c.dtype_name(torch.float32 if accum_dtype is None else accum_dtype))
+    check_ce_target_and_options(op, "x", x, x.shape[0], weight.shape[0], target, ce_weight,
+                                "ce_weight", ignore_index, label_smoothing, reduction,
+                                lse_square_scale, softcap)
+
+
+@torch.library.register_fake("fk::_fused_linear_cross_entropy_forward")
+def _forward_fake(x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
+                  lse_square_scale, softcap, chunk_size, accum_dtype, grad_mask, grad_rows):
+    check_fused_linear_cross_entropy(x, weight, target, bias, ce_weight, ignore_index,
+                                     label_smoothing, reduction, lse_square_scale, softcap,
+                                     chunk_size, accum_dtype)
+    loss, z = losses_like(x, x.shape[0], reduction)
+    gx = x.new_empty(x.shape) if grad_mask[0] else None
+    gw = weight.new_empty(weight.shape) if grad_mask[1] else None
+    gb = bias.new_empty(bias.shape) if grad_mask[2] and bias is not None else None
+    return loss, z, gx, gw, gb
+
+
+# --- autograd --------------------------------------------------------------------------------
+
+class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
+    """Reductions "mean" and "sum": the forward computes grad_x, grad_weight and grad_bias
+    for a grad_output of 1 (only those in grad_mask) and keeps them; the backward scales
+    them by grad_output (in place where safe: cross_entropy.scale_stored_grad).
+
+    Reduction "none": each row's grad_output must weigh the logits' gradient before the
+    products sum over rows, so the forward keeps x, weight, target (and bias) and the
+    backward runs the chunked pass again with grad_output per row."""
+
+    @staticmethod
+    def forward(ctx, x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
+                reduction, lse_square_scale, softcap, chunk_size, accum_dtype, grad_mask):
+        ctx.set_materialize_grads(False)
+        deferred = reduction == "none"
+        now = [False, False, False] if deferred else grad_mask
+        with torch._C._AutoDispatchBelowAutograd():
+            loss, z, gx, gw, gb = torch.ops.fk._fused_linear_cross_entropy_forward(
+                x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
+                lse_square_scale, softcap, chunk_size, accum_dtype, now, None)
+        ctx.deferred = deferred
+        if deferred:
+            ctx.save_for_backward(x, weight, target, bias, ce_weight)
+            ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap,
+                           chunk_size, accum_dtype, grad_mask)
+        else:
+            ctx.save_for_backward(gx, gw, gb)
+        # z_loss is part of loss already and is returned for logging: no gradient through it.
+        ctx.mark_non_differentiable(z)
+        return loss, z
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_z):
+        out = [None] * 13
+        # No grad_output for the loss: only z_loss was used, and it carries no gradient.
+        if grad_loss is None:
+            return tuple(out)
+        if ctx.deferred:
+            x, weight, target, bias, ce_weight = ctx.saved_tensors
+            ignore_index, ls, lse_square_scale, softcap, chunk_size, accum, mask = ctx.options
+            create_graph = torch.is_grad_enabled()
+            with torch.no_grad(), torch._C._AutoDispatchBelowAutograd():
+                _, _, gx, gw, gb = torch.ops.fk._fused_linear_cross_entropy_forward(
+                    x, weight, target, bias, ce_weight, ignore_index, ls, "none",
+                    lse_square_scale, softcap, chunk_size, accum, mask, grad_loss)
+            if create_graph:
+                gx, gw, gb = raise_when_differentiated(_OP, gx, gw, gb)
+            out[0], out[1], out[3] = gx, gw, gb
+            return tuple(out)
+        gx, gw, gb = ctx.saved_tensors
+        if gx is not None:
+            out[0] = scale_stored_grad(_OP, gx, grad_loss)
+        if gw is not None:
+            out[1] = scale_stored_grad(_OP, gw, grad_loss)
+        if gb is not None:
+            out[3] = scale_stored_grad(_OP, gb.unsqueeze(0), grad_loss).squeeze(0)
+        return tuple(out)
+
+
+def _fused_linear_cross_entropy_autograd(keyset, x, weight, target, bias=None, ce_weight=None,
+                                         ignore_index=-100, label_smoothing=0.0,
+                                         reduction="mean", lse_square_scale=0.0, softcap=None,
+                                         chunk_size=None, accum_dtype=None):
+    # The defaults are the schema's: the dispatcher may leave out arguments equal to them.
+    grad_mode = torch.is_grad_enabled()
+    mask = [grad_mode and x.requires_grad, grad_mode and weight.requires_grad,
+            grad_mode and bias is not None and bias.requires_grad]
+    if not any(mask):
+        # No gradient wanted (ce_weight is not differentiated): losses only.
+        with torch._C._AutoDispatchBelowAutograd():
+            loss, z, _, _, _ = torch.ops.fk._fused_linear_cross_entropy_forward(
+                x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
+                lse_square_scale, softcap, chunk_size, accum_dtype, [False, False, False],
+                None)
+        return loss, z
+    return _FusedLinearCrossEntropyFunction.apply(
+        x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
+        lse_square_scale, softcap, chunk_size, accum_dtype, mask)
+
+
+_lib = torch.library.Library("fk", "IMPL")
+_lib.impl("fused_linear_cross_entropy", _fused_linear_cross_entropy_autograd, "Autograd",
+          with_keyset=True)
