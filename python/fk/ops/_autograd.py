@@ -1,8 +1,18 @@
-"""Autograd registration shared by the ops: torch.library.register_autograd with a backward
-that runs once. The internal backward ops have no derivative of their own, so when a
+"""Autograd registration shared by the ops.
+
+`register(op, backward, setup_context)` installs one autograd formula twice:
+- on the operator, with torch.library.register_autograd: what TorchScript, torch.compile,
+  export and C++-dispatched calls of ``torch.ops.fk.*`` use;
+- as a plain torch.autograd.Function whose forward calls the operator's backend kernel
+  directly (below autograd), returned for the op's Python wrapper to call in eager mode.
+  It skips register_autograd's per-call Python machinery (argument trees, keyset
+  redispatch), which costs more host time than the kernels of a small op.
+
+The backward runs once: the internal backward ops have no derivative of their own, so when a
 higher-order graph is being built (create_graph=True) and anything the backward reads
 requires grad (an incoming gradient or a saved tensor), the gradients it returns are marked
-so that differentiating them raises, instead of reading as constants."""
+so that differentiating them raises, instead of reading as constants.
+"""
 from __future__ import annotations
 
 import torch
@@ -33,11 +43,10 @@ def _needs_guard(ctx, grads) -> bool:
     return any(t.requires_grad for t in tensors)
 
 
-def register(op: str, backward, setup_context) -> None:
-    """Register `backward` / `setup_context` as the autograd formula of the fk operator `op`
-    ("fk::_rms_norm_forward")."""
-
+def _once(op: str, backward):
     def once(ctx, *grads):
+        if not torch.is_grad_enabled():
+            return backward(ctx, *grads)
         with torch.no_grad():
             out = backward(ctx, *grads)
         if not _needs_guard(ctx, grads):
@@ -46,4 +55,37 @@ def register(op: str, backward, setup_context) -> None:
         guarded = _raising(op, (out,) if single else out)
         return guarded[0] if single else guarded
 
+    return once
+
+
+def _eager_function(op: str, backward, setup_context):
+    overload = getattr(torch.ops.fk, op.split("::")[1]).default
+
+    # The forward takes ctx itself (a separate setup_context costs autograd.Function a
+    # second pass over the arguments: about 3x the host time of the apply).
+    def forward(ctx, *args):
+        with torch._C._AutoDispatchBelowAutograd():
+            out = overload(*args)
+        setup_context(ctx, args, out)
+        return out
+
+    name = op.split("::")[1].strip("_").title().replace("_", "") + "Function"
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(forward),
+        "backward": staticmethod(backward),
+    }).apply
+
+
+def register(op: str, backward, setup_context):
+    """Register `backward` / `setup_context` as the autograd formula of the fk operator `op`
+    ("fk::_rms_norm_forward"); returns the eager form: a function taking the operator's
+    arguments (all of them, positionally) and returning its outputs."""
+    once = _once(op, backward)
     torch.library.register_autograd(op, once, setup_context=setup_context)
+    return _eager_function(op, once, setup_context)
+
+
+def eager() -> bool:
+    """True where a Python wrapper may call the eager form: not under torch.compile's tracing
+    (which takes the operator and its registered formula)."""
+    return not torch.compiler.is_compiling()

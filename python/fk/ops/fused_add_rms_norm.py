@@ -47,10 +47,19 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor,
         unused no kernel runs and the gradient of ``residual_out`` passes through.
     """
     # torch.ops.fk.fused_add_rms_norm is this same call (its composite kernel); calling the
-    # forward op directly saves one dispatch.
-    y, residual_out, _rstd = torch.ops.fk._fused_add_rms_norm_forward(x, residual, weight, eps,
-                                                                      offset, casting_mode)
+    # forward op directly saves one dispatch, and its eager form the register_autograd
+    # machinery.
+    if torch.jit.is_scripting() or not _autograd.eager():
+        y, residual_out, _rstd = torch.ops.fk._fused_add_rms_norm_forward(
+            x, residual, weight, eps, offset, casting_mode)
+    else:
+        y, residual_out, _rstd = _eager_forward(x, residual, weight, eps, offset, casting_mode)
     return y, residual_out
+
+
+@torch.jit.unused
+def _eager_forward(x, residual, weight, eps: float, offset: float, casting_mode: str):
+    return _fused_add_rms_norm_forward_eager(x, residual, weight, eps, offset, casting_mode)
 
 
 # --- checks and fake kernels (csrc/ops/fused_add_rms_norm/fused_add_rms_norm.cpp raises the
@@ -121,4 +130,5 @@ def _backward(ctx, grad_y, grad_residual_out, _grad_rstd):
             dw, None, None, None)
 
 
-_autograd.register("fk::_fused_add_rms_norm_forward", _backward, _setup_context)
+_fused_add_rms_norm_forward_eager = _autograd.register("fk::_fused_add_rms_norm_forward",
+                                                       _backward, _setup_context)

@@ -31,8 +31,15 @@ def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
         rows in float32.
     """
     # torch.ops.fk.layer_norm is this same call (its composite kernel); calling the forward
-    # op directly saves one dispatch.
-    return torch.ops.fk._layer_norm_forward(x, weight, bias, eps)[0]
+    # op directly saves one dispatch, and its eager form the register_autograd machinery.
+    if torch.jit.is_scripting() or not _autograd.eager():
+        return torch.ops.fk._layer_norm_forward(x, weight, bias, eps)[0]
+    return _eager_forward(x, weight, bias, eps)[0]
+
+
+@torch.jit.unused
+def _eager_forward(x, weight, bias, eps: float):
+    return _layer_norm_forward_eager(x, weight, bias, eps)
 
 
 # --- checks and fake kernels (csrc/ops/layer_norm/layer_norm.cpp raises the same messages) --
@@ -99,9 +106,12 @@ def _setup_context(ctx, inputs, output):
     x, weight, bias, _eps = inputs
     ctx.save_for_backward(x, weight, output[1], output[2])
     ctx.has_bias = bias is not None
+    ctx.set_materialize_grads(False)  # mean's and rstd's gradients are never read
 
 
 def _backward(ctx, grad_y, _grad_mean, _grad_rstd):
+    if grad_y is None:
+        return None, None, None, None
     x, weight, mean, rstd = ctx.saved_tensors
     needs = ctx.needs_input_grad
     mask = [needs[0], weight is not None and needs[1], ctx.has_bias and needs[2]]
@@ -109,4 +119,5 @@ def _backward(ctx, grad_y, _grad_mean, _grad_rstd):
     return dx, dw, db, None
 
 
-_autograd.register("fk::_layer_norm_forward", _backward, _setup_context)
+_layer_norm_forward_eager = _autograd.register("fk::_layer_norm_forward", _backward,
+                                               _setup_context)

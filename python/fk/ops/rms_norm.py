@@ -31,8 +31,15 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
         ``weight``; the weight gradient is summed in float32.
     """
     # torch.ops.fk.rms_norm is this same call (its composite kernel); calling the forward op
-    # directly saves one dispatch.
-    return torch.ops.fk._rms_norm_forward(x, weight, eps, offset, casting_mode)[0]
+    # directly saves one dispatch, and its eager form the register_autograd machinery.
+    if torch.jit.is_scripting() or not _autograd.eager():
+        return torch.ops.fk._rms_norm_forward(x, weight, eps, offset, casting_mode)[0]
+    return _eager_forward(x, weight, eps, offset, casting_mode)[0]
+
+
+@torch.jit.unused
+def _eager_forward(x, weight, eps: float, offset: float, casting_mode: str):
+    return _rms_norm_forward_eager(x, weight, eps, offset, casting_mode)
 
 
 # --- checks and fake kernels (csrc/ops/rms_norm/rms_norm.cpp raises the same messages) ---
@@ -84,9 +91,12 @@ def _setup_context(ctx, inputs, output):
     x, weight, _eps, offset, casting_mode = inputs
     ctx.save_for_backward(x, weight, output[1])
     ctx.offset, ctx.casting_mode = offset, casting_mode
+    ctx.set_materialize_grads(False)  # rstd's gradient is never read: no zeros for it
 
 
 def _backward(ctx, grad_y, _grad_rstd):
+    if grad_y is None:
+        return None, None, None, None, None
     x, weight, rstd = ctx.saved_tensors
     need_dw = weight is not None and ctx.needs_input_grad[1]
     dx, dw = torch.ops.fk._rms_norm_backward(grad_y, x, weight, rstd, ctx.offset,
@@ -94,4 +104,5 @@ def _backward(ctx, grad_y, _grad_rstd):
     return dx, dw, None, None, None
 
 
-_autograd.register("fk::_rms_norm_forward", _backward, _setup_context)
+_rms_norm_forward_eager = _autograd.register("fk::_rms_norm_forward", _backward,
+                                             _setup_context)

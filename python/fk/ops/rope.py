@@ -45,7 +45,14 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         (``sin -> -sin``) to the gradients in one launch. cos and sin are treated as
         constants (they get no gradient, as Hugging Face's rotary embeddings never need one).
     """
-    return torch.ops.fk.rope(q, k, cos, sin, rotary_dim, interleaved)
+    if torch.jit.is_scripting() or not _autograd.eager():
+        return torch.ops.fk.rope(q, k, cos, sin, rotary_dim, interleaved)
+    return _eager_rope(q, k, cos, sin, rotary_dim, interleaved)
+
+
+@torch.jit.unused
+def _eager_rope(q, k, cos, sin, rotary_dim: Optional[int], interleaved: bool):
+    return _rope_eager(q, k, cos, sin, rotary_dim, interleaved)
 
 
 def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -190,7 +197,7 @@ def _backward(ctx, grad_q, grad_k):
     return dq, dk, None, None, None, None
 
 
-_autograd.register("fk::rope", _backward, _setup_context)
+_rope_eager = _autograd.register("fk::rope", _backward, _setup_context)
 
 
 # rope_ has no derivative. Its Autograd kernel (a Python kernel registered directly, as

@@ -25,7 +25,14 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         in ``x``: the backward uses only the output,
         ``grad_x = y * (grad_y - sum(grad_y * y, dim))``, likewise in float32.
     """
-    return torch.ops.fk.softmax(x, dim)
+    if torch.jit.is_scripting() or not _autograd.eager():
+        return torch.ops.fk.softmax(x, dim)
+    return _eager_softmax(x, dim)
+
+
+@torch.jit.unused
+def _eager_softmax(x, dim: int):
+    return _softmax_eager(x, dim)
 
 
 # --- checks and fake kernels (csrc/ops/softmax/softmax.cpp raises the same messages) -------
@@ -70,4 +77,4 @@ def _backward(ctx, grad_y):
     return torch.ops.fk._softmax_backward(grad_y, y, ctx.dim), None
 
 
-_autograd.register("fk::softmax", _backward, _setup_context)
+_softmax_eager = _autograd.register("fk::softmax", _backward, _setup_context)
