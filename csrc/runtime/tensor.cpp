@@ -31,8 +31,33 @@ using OptBool = std::optional<bool>;
 using OptFormat = std::optional<MemoryFormat>;
 constexpr auto none = std::nullopt;
 
+namespace {
+
+// Row-major strides of a contiguous tensor of `sizes` (a size-0 dim counts as 1, as torch's).
+Shape contiguous_strides(IntArrayRef sizes) {
+  Shape strides(sizes.size());
+  int64_t s = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= sizes[i] > 1 ? sizes[i] : 1;
+  }
+  return strides;
+}
+
+}  // namespace
+
+// empty and the contiguous view below call the C shim directly rather than the dispatcher:
+// they run several times in every CUDA launch, where boxing their arguments through
+// torch_call_dispatcher costs more host time than the launch itself.
 Tensor empty(IntArrayRef sizes, ScalarType dtype, const Device& device) {
-  return st::empty(sizes, dtype, none, device);
+  const Shape strides = contiguous_strides(sizes);
+  const auto shim_dtype = st::detail::to<int32_t>(st::detail::from(dtype));
+  const auto shim_device = st::detail::to<int32_t>(st::detail::from(device.type()));
+  AtenTensorHandle h = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()),
+                                                  sizes.data(), strides.data(), shim_dtype,
+                                                  shim_device, device.index(), &h));
+  return Tensor(h);
 }
 Tensor zeros(IntArrayRef sizes, ScalarType dtype, const Device& device) {
   return call("aten::zeros", "", sizes, OptDtype(dtype), OptLayout(), OptDevice(device),
@@ -54,8 +79,21 @@ Tensor scalar_int(int64_t v) {
   return st::full({}, static_cast<double>(v), kLong, none, Device(DeviceType::CPU));
 }
 
-Tensor contiguous(const Tensor& t) { return st::contiguous(t); }
-Tensor view(const Tensor& t, IntArrayRef sizes) { return st::view(t, sizes); }
+Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : st::contiguous(t); }
+Tensor view(const Tensor& t, IntArrayRef sizes) {
+  // A contiguous tensor's view of other (fully given) sizes is the same memory with
+  // contiguous strides; anything else (-1 sizes, strided tensors) goes to aten::view.
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel = s < 0 ? -1 : numel * s;
+  if (numel != t.numel() || !t.is_contiguous()) return st::view(t, sizes);
+  const Shape strides = contiguous_strides(sizes);
+  AtenTensorHandle h = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch__reinterpret_tensor(t.get(),
+                                                        static_cast<int64_t>(sizes.size()),
+                                                        sizes.data(), strides.data(),
+                                                        t.storage_offset(), &h));
+  return Tensor(h);
+}
 Tensor reshape(const Tensor& t, IntArrayRef sizes) { return st::reshape(t, sizes); }
 Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
   Tensor self = t;
