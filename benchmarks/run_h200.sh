@@ -8,6 +8,12 @@
 #          BENCH_OPS="rope softmax" (or "rope,softmax") picks some
 #   hf     full training steps of a ~1B Llama (Llama-3.2-1B shape): eager HF, fk, Liger
 #          (benchmarks/benchmark_hf_training.py; HF_ARGS is passed on, e.g. "--batch 4")
+#   compare  this wheel against another build of fk (the wheel in $COMPARE_WHEEL_DIR, e.g.
+#          an earlier release): each benchmark of COMPARE_OPS runs with fk only (no
+#          torch.compile; Liger and torch eager as installed) alternately on the two
+#          builds, COMPARE_PASSES times each, at COMPARE_TOKENS, with the timers of
+#          COMPARE_TIMERS (default: per call with events, then per kernel: GPU time); logs
+#          compare_<op>_<build>.log
 # Logs and CSVs go to $OUT (default ./gpu_out).
 set -uo pipefail
 STEPS=${1:-tests,cold,bench}
@@ -78,5 +84,27 @@ if [[ $STEPS == *hf* ]]; then
   python3 benchmarks/benchmark_hf_training.py --out "$OUT" ${HF_ARGS:-} 2>&1 \
     | tee "$OUT/hf_training.log"
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+fi
+if [[ $STEPS == *compare* ]]; then
+  OTHER=/tmp/fk_other
+  rm -rf "$OTHER"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$OTHER" \
+    "${COMPARE_WHEEL_DIR:?set COMPARE_WHEEL_DIR}"/fk-*.whl || exit 1
+  CTOK=${COMPARE_TOKENS:-1,8192}
+  for op in ${COMPARE_OPS:-rms_norm layer_norm}; do
+    for pass in $(seq ${COMPARE_PASSES:-2}); do
+      for build in this other; do
+        path=$SITE
+        [[ $build == other ]] && path=$OTHER:$SITE
+        for timer in ${COMPARE_TIMERS:-events kernels}; do
+          PYTHONPATH=$path python3 -c "import fk; print('fk build:', fk.build_info())" \
+            >> "$OUT/compare_${op}_$build.log"
+          PYTHONPATH=$path python3 benchmarks/benchmark_$op.py --model llama_3_8b \
+            --tokens "$CTOK" --modes full --no-compile --rounds 3 --timer $timer --out '' \
+            >> "$OUT/compare_${op}_$build.log" 2>&1
+        done
+      done
+    done
+  done
 fi
 exit $rc
