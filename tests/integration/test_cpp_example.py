@@ -1,6 +1,10 @@
-"""examples/cpp, built with CMake + Ninja against the installed fk package and run: the C++ API
-(fk::swiglu, fk::rms_norm, forward and backward) and a TorchScript module exported by
-examples/torchscript_export.py, loaded with torch::jit::load."""
+"""examples/cpp, built with CMake + Ninja against the installed fk package and run, with no
+Python in the programs: the C++ API (fk::swiglu, fk::rms_norm, fk::layer_norm,
+fk::cross_entropy, forward and backward, with the autograd formulas that
+fk::register_autograd() registers from include/fk/autograd.h), training through them, a
+TorchScript module exported by examples/torchscript_export.py, loaded with torch::jit::load
+and differentiated; and fk_autograd_check, every formula of include/fk/autograd.h against
+finite differences."""
 import os
 import re
 import shutil
@@ -15,16 +19,29 @@ import torch
 import fk
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:DeprecationWarning")]
+              pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:DeprecationWarning"),
+              # torch 2.14 on: a FutureWarning
+              pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:FutureWarning")]
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "cpp"
 EXPORT = REPO / "examples" / "torchscript_export.py"
 
 API_CHECKS = ["swiglu forward", "swiglu backward grad_a", "swiglu backward grad_b",
-              "rms_norm forward", "rms_norm backward grad_x", "rms_norm backward grad_weight"]
+              "rms_norm forward", "rms_norm backward grad_x", "rms_norm backward grad_weight",
+              "layer_norm forward", "layer_norm backward grad_x",
+              "layer_norm backward grad_weight", "layer_norm backward grad_bias",
+              "layer_norm backward frozen weight and bias",
+              "cross_entropy forward", "cross_entropy backward grad_logits",
+              "rms_norm double backward raises",
+              "training loss falls", "training matches ATen"]
 SCRIPT_CHECKS = ["torchscript forward vs C++ reference", "torchscript forward vs exported output",
-                 "torchscript backward grad_input"]
+                 "torchscript backward grad_input", "torchscript backward grad_norm_weight",
+                 "torchscript backward grad_gate_weight", "torchscript backward grad_up_weight",
+                 "torchscript backward grad_down_weight"]
+# fk_autograd_check: at least one check per formula of include/fk/autograd.h.
+AUTOGRAD_OPS = ["swiglu", "geglu", "rms_norm", "fused_add_rms_norm", "layer_norm", "softmax",
+                "rope", "swiglu_linear", "cross_entropy", "fused_linear_cross_entropy"]
 
 
 def _tool(name: str) -> str:
@@ -68,6 +85,13 @@ def example_binary(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def autograd_check_binary(example_binary) -> Path:
+    binary = example_binary.parent / "fk_autograd_check"
+    assert binary.is_file(), f"{binary} was not built"
+    return binary
+
+
+@pytest.fixture(scope="module")
 def block_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("example_cpp_block") / "block.pt"
     proc = _run([sys.executable, EXPORT, path], timeout=300)
@@ -84,7 +108,7 @@ def _run_example(binary: Path, *args):
 
 
 def _ok_lines(stdout: str) -> set:
-    return {re.sub(r" \(max abs diff .*\)$", "", line[3:])
+    return {re.sub(r" \(max .*\)$", "", line[3:])
             for line in stdout.splitlines() if line.startswith("OK ")}
 
 
@@ -132,3 +156,21 @@ def test_example_reports_load_error(example_binary, tmp_path):
     proc = _run_example(example_binary, tmp_path / "missing.pt")
     assert proc.returncode == 2, _output(proc)
     assert "FAIL error:" in proc.stdout, _output(proc)
+
+
+def test_autograd_formulas(autograd_check_binary):
+    """Every formula of include/fk/autograd.h, registered by fk::register_autograd(), against
+    finite differences (float64, CPU backend); double backwards raise; in-place options."""
+    proc = _run_example(autograd_check_binary)
+    assert proc.returncode == 0, _output(proc)
+    assert "FAIL" not in proc.stdout, _output(proc)
+    ok = _ok_lines(proc.stdout)
+    assert "all checks passed" in ok, _output(proc)
+    for op in AUTOGRAD_OPS:
+        assert any(line.startswith(f"gradcheck {op}") for line in ok), (op, _output(proc))
+        assert any(line.startswith(f"double backward raises {op}") for line in ok), (
+            op, _output(proc))
+    for line in ("rope_ refuses q and k that require grad",
+                 "swiglu backward_in_place writes into a and b",
+                 "cross_entropy grad_in_logits writes the gradient into the logits"):
+        assert line in ok, _output(proc)

@@ -14,7 +14,9 @@ from torch import nn
 
 import fk
 
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:DeprecationWarning"),
+              # torch 2.14 on: a FutureWarning
+              pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:FutureWarning")]
 
 
 def _randn(*shape, seed, scale=1.0):

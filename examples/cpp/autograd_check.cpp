@@ -1,0 +1,390 @@
+// Checks every autograd formula of <fk/autograd.h> from C++, with no Python: for each op and
+// a few of its options, the gradients autograd computes through fk::register_autograd()'s
+// kernels against central finite differences, in float64 on fk's CPU backend (small
+// shapes). Also: a double backward raises, frozen inputs get no gradient, fk::rope_ refuses
+// tensors that require grad, and the backward_in_place options write into the inputs.
+//
+//   fk_autograd_check          prints one "OK" line per check; exits non-zero on a failure
+#include <fk/autograd.h>
+#include <fk/fk.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Tensors = std::vector<at::Tensor>;
+using Fn = std::function<Tensors(const Tensors&)>;
+
+int g_failures = 0;
+
+void fail(const std::string& what, const std::string& why) {
+  std::printf("FAIL %s: %s\n", what.c_str(), why.c_str());
+  ++g_failures;
+}
+
+void ok(const std::string& what) { std::printf("OK %s\n", what.c_str()); }
+
+const auto kOpts = at::TensorOptions().dtype(at::kDouble);
+
+at::Tensor randn(at::IntArrayRef shape) { return at::randn(shape, kOpts); }
+
+// sum_i <outputs_i, weights_i>: one scalar of every output (undefined outputs skipped).
+at::Tensor project(const Tensors& outputs, const Tensors& weights) {
+  at::Tensor total = at::zeros({}, kOpts);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].defined() && weights[i].defined()) {
+      total = total + (outputs[i] * weights[i]).sum();
+    }
+  }
+  return total;
+}
+
+// Gradients of f at `inputs` (the entries of `differentiable` require grad) from autograd
+// against central differences. `used[i]`: whether output i enters the loss.
+void gradcheck(const std::string& name, const Fn& f, const Tensors& inputs,
+               const std::vector<bool>& differentiable, std::vector<bool> used = {}) {
+  const std::string what = "gradcheck " + name;
+  try {
+    Tensors leaves;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      leaves.push_back(differentiable[i] ? inputs[i].detach().clone().requires_grad_(true)
+                                         : inputs[i]);
+    }
+    const Tensors out = f(leaves);
+    if (used.empty()) used.assign(out.size(), true);
+    Tensors weights;
+    for (size_t i = 0; i < out.size(); ++i) {
+      weights.push_back(used[i] && out[i].defined() ? randn(out[i].sizes()) : at::Tensor());
+    }
+    Tensors wrt;
+    for (size_t i = 0; i < leaves.size(); ++i) {
+      if (differentiable[i]) wrt.push_back(leaves[i]);
+    }
+    const Tensors analytic = torch::autograd::grad({project(out, weights)}, wrt, {}, false,
+                                                   false, /*allow_unused=*/true);
+    at::NoGradGuard no_grad;
+    const double eps = 1e-6;
+    double worst = 0.0;
+    size_t k = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (!differentiable[i]) continue;
+      const at::Tensor grad = analytic[k++];
+      Tensors probe(inputs.begin(), inputs.end());
+      probe[i] = inputs[i].clone();
+      at::Tensor flat = probe[i].view({-1});
+      at::Tensor numeric = at::zeros({flat.numel()}, kOpts);
+      for (int64_t j = 0; j < flat.numel(); ++j) {
+        const double v = flat[j].item<double>();
+        flat[j] = v + eps;
+        const double up = project(f(probe), weights).item<double>();
+        flat[j] = v - eps;
+        const double down = project(f(probe), weights).item<double>();
+        flat[j] = v;
+        numeric[j] = (up - down) / (2 * eps);
+      }
+      if (!grad.defined()) {
+        if (numeric.abs().max().item<double>() > 1e-6) {
+          fail(what, "input " + std::to_string(i) + " got no gradient");
+          return;
+        }
+        continue;
+      }
+      const double diff = (grad.reshape({-1}) - numeric).abs().max().item<double>();
+      worst = std::max(worst, diff);
+      if (!at::allclose(grad.reshape({-1}), numeric, 1e-5, 1e-6)) {
+        fail(what, "input " + std::to_string(i) + ": max abs diff " + std::to_string(diff));
+        return;
+      }
+    }
+    std::printf("OK %s (max abs diff %.3e)\n", what.c_str(), worst);
+  } catch (const std::exception& e) {
+    fail(what, std::string("error: ") + std::string(e.what()).substr(0, 400));
+  }
+}
+
+// Differentiating the gradient of f raises autograd's "differentiate twice" error.
+void check_double_backward(const std::string& name, const Fn& f, const Tensors& inputs,
+                           size_t wrt_index) {
+  const std::string what = "double backward raises " + name;
+  try {
+    Tensors leaves(inputs.begin(), inputs.end());
+    leaves[wrt_index] = inputs[wrt_index].detach().clone().requires_grad_(true);
+    const Tensors out = f(leaves);
+    const at::Tensor loss = out[0].pow(2).sum();
+    const Tensors g = torch::autograd::grad({loss}, {leaves[wrt_index]}, {}, true, true);
+    try {
+      g[0].pow(2).sum().backward();
+    } catch (const std::exception& e) {
+      if (std::string(e.what()).find("differentiate twice") == std::string::npos) {
+        fail(what, std::string("unexpected error: ") + std::string(e.what()).substr(0, 300));
+      } else {
+        ok(what);
+      }
+      return;
+    }
+    fail(what, "the second backward did not raise");
+  } catch (const std::exception& e) {
+    fail(what, std::string("error: ") + std::string(e.what()).substr(0, 400));
+  }
+}
+
+Tensors one(at::Tensor t) { return {std::move(t)}; }
+std::optional<at::Tensor> opt(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
+
+void check_glu() {
+  const Tensors ab = {randn({3, 7}), randn({3, 7})};
+  gradcheck("swiglu", [](const Tensors& t) { return one(fk::swiglu(t[0], t[1])); }, ab,
+            {true, true});
+  for (const char* approximate : {"tanh", "none"}) {
+    gradcheck(std::string("geglu approximate=") + approximate,
+              [=](const Tensors& t) { return one(fk::geglu(t[0], t[1], approximate)); }, ab,
+              {true, true});
+  }
+  check_double_backward("swiglu", [](const Tensors& t) { return one(fk::swiglu(t[0], t[1])); },
+                        ab, 0);
+  check_double_backward("geglu", [](const Tensors& t) { return one(fk::geglu(t[0], t[1])); },
+                        ab, 1);
+
+  // backward_in_place: the gradients land in a's and b's memory (intermediates here).
+  for (const bool geglu : {false, true}) {
+    const std::string what = std::string(geglu ? "geglu" : "swiglu") +
+                             " backward_in_place writes into a and b";
+    at::Tensor a0 = ab[0].clone().requires_grad_(true), b0 = ab[1].clone().requires_grad_(true);
+    at::Tensor a = a0 * 1.0, b = b0 * 1.0;
+    const void* a_data = a.data_ptr();
+    at::Tensor c = geglu ? fk::geglu(a, b, "tanh", true) : fk::swiglu(a, b, true);
+    at::Tensor ga, gb;
+    std::tie(ga, gb) = [&] {
+      const Tensors g = torch::autograd::grad({c.sum()}, {a, b});
+      return std::make_tuple(g[0], g[1]);
+    }();
+    at::Tensor ra = ab[0].clone().requires_grad_(true), rb = ab[1].clone().requires_grad_(true);
+    const at::Tensor rc = geglu ? fk::geglu(ra, rb, "tanh") : fk::swiglu(ra, rb);
+    const Tensors rg = torch::autograd::grad({rc.sum()}, {ra, rb});
+    if (ga.data_ptr() != a_data) {
+      fail(what, "grad_a is not in a's memory");
+    } else if (!at::allclose(ga, rg[0]) || !at::allclose(gb, rg[1])) {
+      fail(what, "gradients differ from the out-of-place backward");
+    } else {
+      ok(what);
+    }
+  }
+}
+
+void check_norms() {
+  const at::Tensor x = randn({2, 3, 6}), w = 1.0 + 0.1 * randn({6}), b = 0.1 * randn({6});
+  for (const char* mode : {"llama", "gemma", "none"}) {
+    gradcheck(std::string("rms_norm casting_mode=") + mode,
+              [=](const Tensors& t) { return one(fk::rms_norm(t[0], t[1], 1e-6, 0.5, mode)); },
+              {x, w}, {true, true});
+  }
+  gradcheck("rms_norm without weight",
+            [](const Tensors& t) { return one(fk::rms_norm(t[0], std::nullopt)); }, {x}, {true});
+  gradcheck("rms_norm frozen weight",
+            [](const Tensors& t) { return one(fk::rms_norm(t[0], t[1])); }, {x, w},
+            {true, false});
+  check_double_backward("rms_norm", [](const Tensors& t) { return one(fk::rms_norm(t[0], t[1])); },
+                        {x, w}, 0);
+
+  const at::Tensor r = randn({2, 3, 6});
+  auto fused = [](const Tensors& t) {
+    auto [y, residual_out] = fk::fused_add_rms_norm(t[0], t[1], opt(t[2]), 1e-6, 0.0, "llama");
+    return Tensors{y, residual_out};
+  };
+  gradcheck("fused_add_rms_norm", fused, {x, r, w}, {true, true, true});
+  gradcheck("fused_add_rms_norm y only", fused, {x, r, w}, {true, true, true}, {true, false});
+  gradcheck("fused_add_rms_norm residual_out only", fused, {x, r, w}, {true, true, true},
+            {false, true});
+  gradcheck("fused_add_rms_norm without weight", fused, {x, r, at::Tensor()},
+            {true, true, false});
+  check_double_backward("fused_add_rms_norm", fused, {x, r, w}, 0);
+
+  auto ln = [](const Tensors& t) { return one(fk::layer_norm(t[0], opt(t[1]), opt(t[2]))); };
+  gradcheck("layer_norm", ln, {x, w, b}, {true, true, true});
+  gradcheck("layer_norm without weight", ln, {x, at::Tensor(), b}, {true, false, true});
+  gradcheck("layer_norm without bias", ln, {x, w, at::Tensor()}, {true, true, false});
+  gradcheck("layer_norm frozen x", ln, {x, w, b}, {false, true, true});
+  check_double_backward("layer_norm", ln, {x, w, b}, 0);
+}
+
+void check_softmax() {
+  const at::Tensor x = randn({3, 4, 5});
+  for (const int64_t dim : {-1, 0, 1}) {
+    gradcheck("softmax dim=" + std::to_string(dim),
+              [=](const Tensors& t) { return one(fk::softmax(t[0], dim)); }, {x}, {true});
+  }
+  check_double_backward("softmax", [](const Tensors& t) { return one(fk::softmax(t[0])); }, {x},
+                        0);
+}
+
+void check_rope() {
+  const at::Tensor q = randn({2, 3, 4, 8}), k = randn({2, 1, 4, 8});
+  const at::Tensor cos = randn({1, 4, 8}), sin = randn({1, 4, 8});
+  for (const bool interleaved : {false, true}) {
+    gradcheck(std::string("rope interleaved=") + (interleaved ? "true" : "false"),
+              [=](const Tensors& t) {
+                auto [qo, ko] = fk::rope(t[0], t[1], cos, sin, std::nullopt, interleaved);
+                return Tensors{qo, ko};
+              },
+              {q, k}, {true, true});
+  }
+  const at::Tensor cos_half = randn({1, 4, 2}), sin_half = randn({1, 4, 2});
+  gradcheck("rope rotary_dim=4", [=](const Tensors& t) {
+    auto [qo, ko] = fk::rope(t[0], t[1], cos_half, sin_half, 4);
+    return Tensors{qo, ko};
+  }, {q, k}, {true, true});
+  check_double_backward("rope", [=](const Tensors& t) {
+    auto [qo, ko] = fk::rope(t[0], t[1], cos, sin);
+    return Tensors{qo, ko};
+  }, {q, k}, 0);
+
+  {
+    const std::string what = "rope_ refuses q and k that require grad";
+    at::Tensor qg = q.clone().requires_grad_(true), kk = k.clone();
+    try {
+      fk::rope_(qg, kk, cos, sin);
+      fail(what, "no error");
+    } catch (const std::exception& e) {
+      if (std::string(e.what()).find("fk::rope_ is not differentiable") == std::string::npos) {
+        fail(what, std::string("unexpected error: ") + std::string(e.what()).substr(0, 300));
+      } else {
+        ok(what);
+      }
+    }
+  }
+  {
+    const std::string what = "rope_ in place equals rope and bumps versions";
+    at::Tensor qi = q.clone(), ki = k.clone();
+    const auto version = qi.unsafeGetTensorImpl()->version_counter().current_version();
+    fk::rope_(qi, ki, cos, sin);
+    auto [qo, ko] = fk::rope(q, k, cos, sin);
+    if (!at::allclose(qi, qo) || !at::allclose(ki, ko)) {
+      fail(what, "results differ from fk::rope");
+    } else if (qi.unsafeGetTensorImpl()->version_counter().current_version() <= version) {
+      fail(what, "q's version counter did not move");
+    } else {
+      ok(what);
+    }
+  }
+}
+
+void check_swiglu_linear() {
+  const at::Tensor x = randn({2, 3, 8}), wg = 0.3 * randn({5, 8}), wu = 0.3 * randn({5, 8});
+  for (const bool recompute : {false, true}) {
+    gradcheck(std::string("swiglu_linear recompute=") + (recompute ? "true" : "false"),
+              [=](const Tensors& t) { return one(fk::swiglu_linear(t[0], t[1], t[2], recompute)); },
+              {x, wg, wu}, {true, true, true});
+  }
+  gradcheck("swiglu_linear frozen weights",
+            [](const Tensors& t) { return one(fk::swiglu_linear(t[0], t[1], t[2])); },
+            {x, wg, wu}, {true, false, false});
+  gradcheck("swiglu_linear frozen x",
+            [](const Tensors& t) { return one(fk::swiglu_linear(t[0], t[1], t[2])); },
+            {x, wg, wu}, {false, true, true});
+  check_double_backward("swiglu_linear",
+                        [](const Tensors& t) { return one(fk::swiglu_linear(t[0], t[1], t[2])); },
+                        {x, wg, wu}, 0);
+}
+
+void check_cross_entropy() {
+  const at::Tensor logits = randn({5, 7});
+  const at::Tensor target = at::tensor({1, 0, -100, 6, 3}, at::kLong);
+  const at::Tensor class_weight = at::rand({7}, kOpts) + 0.5;
+  for (const char* reduction : {"mean", "sum", "none"}) {
+    for (const bool in_logits : {true, false}) {
+      gradcheck(std::string("cross_entropy reduction=") + reduction +
+                    (in_logits ? "" : " grad_in_logits=false"),
+                [=](const Tensors& t) {
+                  return one(fk::cross_entropy(t[0], target, std::nullopt, -100, 0.0, reduction,
+                                               0.0, std::nullopt, in_logits));
+                },
+                {logits}, {true});
+    }
+  }
+  gradcheck("cross_entropy weight, label_smoothing, z-loss, softcap",
+            [=](const Tensors& t) {
+              return one(fk::cross_entropy(t[0], target, class_weight, -100, 0.1, "mean", 1e-2,
+                                           3.0));
+            },
+            {logits}, {true});
+  check_double_backward(
+      "cross_entropy",
+      [=](const Tensors& t) { return one(fk::cross_entropy(t[0] * 1.0, target)); }, {logits},
+      0);
+
+  const std::string what = "cross_entropy grad_in_logits writes the gradient into the logits";
+  at::Tensor leaf_logits = logits.clone().requires_grad_(true);
+  const void* data = leaf_logits.data_ptr();
+  fk::cross_entropy(leaf_logits, target).backward();
+  at::Tensor ref = logits.clone().requires_grad_(true);
+  fk::cross_entropy(ref, target, std::nullopt, -100, 0.0, "mean", 0.0, std::nullopt, false)
+      .backward();
+  if (!leaf_logits.grad().defined() || leaf_logits.grad().data_ptr() != data) {
+    fail(what, "the gradient is not in the logits' memory");
+  } else if (!at::allclose(leaf_logits.grad(), ref.grad())) {
+    fail(what, "the gradient differs from grad_in_logits=false");
+  } else {
+    ok(what);
+  }
+}
+
+void check_fused_linear_cross_entropy() {
+  const at::Tensor x = randn({5, 4}), w = randn({7, 4}), b = 0.1 * randn({7});
+  const at::Tensor target = at::tensor({1, 0, -100, 6, 3}, at::kLong);
+  for (const char* reduction : {"mean", "sum", "none"}) {
+    gradcheck(std::string("fused_linear_cross_entropy reduction=") + reduction,
+              [=](const Tensors& t) {
+                return one(fk::fused_linear_cross_entropy(t[0], t[1], target, t[2],
+                                                          std::nullopt, -100, 0.1, reduction,
+                                                          1e-2, 3.0, /*chunk_size=*/2));
+              },
+              {x, w, b}, {true, true, true});
+  }
+  gradcheck("fused_linear_cross_entropy frozen weight",
+            [=](const Tensors& t) {
+              return one(fk::fused_linear_cross_entropy(t[0], t[1], target));
+            },
+            {x, w}, {true, false});
+  for (const char* reduction : {"mean", "none"}) {
+    check_double_backward(
+        std::string("fused_linear_cross_entropy reduction=") + reduction,
+        [=](const Tensors& t) {
+          return one(fk::fused_linear_cross_entropy(t[0], t[1], target, std::nullopt,
+                                                    std::nullopt, -100, 0.0, reduction));
+        },
+        {x, w}, 0);
+  }
+}
+
+}  // namespace
+
+int main() {
+  try {
+    fk::register_autograd();
+    at::manual_seed(0);
+    check_glu();
+    check_norms();
+    check_softmax();
+    check_rope();
+    check_swiglu_linear();
+    check_cross_entropy();
+    check_fused_linear_cross_entropy();
+  } catch (const std::exception& e) {
+    std::printf("FAIL error: %s\n", e.what());
+    return 2;
+  }
+  if (g_failures) {
+    std::printf("FAILED: %d check(s)\n", g_failures);
+    return 1;
+  }
+  std::printf("OK all checks passed\n");
+  return 0;
+}

@@ -1,0 +1,1016 @@
+// Autograd for fk's operators in C++ programs without Python.
+//
+// libfk registers the operators' schemas and their CPU and CUDA kernels only; their autograd
+// formulas are registered by Python (`import fk`, python/fk/ops/<op>.py). A LibTorch program
+// that links libfk and never runs Python registers the same formulas from this header:
+//
+//   #include <fk/autograd.h>
+//   int main() {
+//     fk::register_autograd();  // once; further calls do nothing
+//     ...                       // fk::rms_norm(...), torch::jit::load(...) now differentiate
+//   }
+//
+// Never call fk::register_autograd() in a process where Python imports fk (a Python
+// extension, or a program embedding Python): Python's fk registers the same kernels for the
+// same operators, and whichever registers last replaces the other.
+//
+// Header-only: compiled in the user's program against the user's LibTorch (its full C++ API:
+// torch::autograd::Function, c10::Dispatcher, torch::Library), so it carries no C++ ABI of
+// fk's. Each formula is a torch::autograd::Function registered for the Autograd key on
+// exactly the operator Python registers it on (listed at register_autograd below): the public
+// op where the backward needs only its inputs and outputs, else the internal forward
+// fk::_<op>_forward that returns what the backward needs (the public op is then a
+// CompositeImplicitAutograd kernel calling it), or, for the cross entropies, the public op
+// with a kernel of its own. As in Python, a backward runs once: its internal backward ops
+// have no derivative, so differentiating a gradient (double backward) raises
+// "<op>: double backward is not implemented (... trying to differentiate twice)".
+#pragma once
+
+#include <ATen/Functions.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/library.h>
+
+#include <array>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "fk/fk.h"
+
+namespace fk {
+namespace autograd {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace detail {
+
+// --- shared by the formulas ------------------------------------------------------------------
+
+template <class Signature>
+c10::TypedOperatorHandle<Signature> op(const char* name) {
+  return fk::detail::op<Signature>(name);
+}
+
+// Whether autograd records this call: grad mode is on and a tensor input requires grad.
+inline bool records(std::initializer_list<const at::Tensor*> inputs) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const at::Tensor* t : inputs) {
+    if (t->defined() && t->requires_grad()) return true;
+  }
+  return false;
+}
+
+// The tensor of an optional argument (an undefined one where it is absent), for records().
+inline const at::Tensor* ptr(const std::optional<at::Tensor>& t) {
+  static const at::Tensor undefined;
+  return t.has_value() ? &*t : &undefined;
+}
+
+// A saved tensor as the optional argument it came from.
+inline std::optional<at::Tensor> optional(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
+
+// The error a double backward raises: `op` names the operator the formula is registered on.
+inline std::string double_backward_message(const char* op) {
+  return std::string(op) +
+         ": double backward is not implemented (fk's backward can't be differentiated; "
+         "trying to differentiate twice)";
+}
+
+// `grads` (gradients a backward returns) tied to an error node, so that differentiating them
+// raises double_backward_message(op) (Python's torch.autograd.function.once_differentiable
+// does the same).
+inline variable_list raise_when_differentiated(const char* op, const variable_list& grads) {
+  auto error = std::make_shared<torch::autograd::DelayedError>(
+      double_backward_message(op), static_cast<int64_t>(grads.size()));
+  variable_list inputs;
+  inputs.reserve(grads.size());
+  for (const at::Tensor& g : grads) {
+    inputs.push_back(g.defined() ? g.detach().requires_grad_(true) : at::Tensor());
+  }
+  return (*error)(std::move(inputs));
+}
+
+// The backward of the formula registered on `op`, run once: `backward(create_graph)`
+// computes the input gradients with grad mode off. When the caller builds a higher-order
+// graph (create_graph: grad mode on) and an incoming gradient or a saved tensor (`depends`)
+// requires grad, the results raise when differentiated instead of silently giving no second
+// derivative: the internal backward ops have no derivative of their own.
+template <class Backward>
+variable_list once_differentiable(const char* op, const variable_list& grads,
+                                  std::initializer_list<const at::Tensor*> depends,
+                                  Backward&& backward) {
+  const bool create_graph = at::GradMode::is_enabled();
+  variable_list out;
+  {
+    at::NoGradGuard no_grad;
+    out = backward(create_graph);
+  }
+  if (!create_graph) return out;
+  bool wrap = false;
+  for (const at::Tensor& g : grads) wrap = wrap || (g.defined() && g.requires_grad());
+  for (const at::Tensor* t : depends) wrap = wrap || (t->defined() && t->requires_grad());
+  return wrap ? raise_when_differentiated(op, out) : out;
+}
+
+// Whether this backward may overwrite saved tensors nothing else will read: it neither
+// retains the graph (a second backward would read them) nor builds a higher-order graph.
+inline bool may_overwrite_saved(bool create_graph) {
+  return !create_graph && !torch::autograd::get_current_graph_task_keep_graph();
+}
+
+// Plain eager tensors: no dispatch mode, no functional / fake / subclass tensors (as under
+// torch.compile or opcheck), strided.
+inline bool plain_eager(std::initializer_list<const at::Tensor*> tensors) {
+  if (c10::impl::dispatch_mode_enabled()) return false;
+  const auto wrapped =
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize});
+  for (const at::Tensor* t : tensors) {
+    if (t->key_set().has_any(wrapped) || t->layout() != at::kStrided) return false;
+  }
+  return true;
+}
+
+// Marks t as modified in place, so that anything that saved it for its backward raises
+// autograd's "modified by an inplace operation" error instead of reading the new values.
+inline void bump_version(const at::Tensor& t) { t.unsafeGetTensorImpl()->bump_version(); }
+
+// --- gated activations (swiglu, geglu): the backward_in_place option -----------------------
+
+// Whether the backward may overwrite the saved a and b with their gradients: a and b are
+// plain (not fake, functional or another tensor subclass), contiguous, separate, non-empty.
+inline bool can_write_grads_into_inputs(const at::Tensor& a, const at::Tensor& b) {
+  return plain_eager({&a, &b}) && a.is_contiguous() && b.is_contiguous() && a.numel() > 0 &&
+         !a.is_alias_of(b);
+}
+
+// (grad_a, grad_b) from the saved a and b. With `write_into_inputs` and where a and b allow
+// it, `in_place()` writes them into a and b (through the op's internal in-place backward)
+// and a and b are returned as the gradients; otherwise `out_of_place()` returns new tensors.
+template <class InPlace, class OutOfPlace>
+std::tuple<at::Tensor, at::Tensor> input_grads(bool write_into_inputs, const at::Tensor& a,
+                                               const at::Tensor& b, InPlace&& in_place,
+                                               OutOfPlace&& out_of_place) {
+  if (!write_into_inputs || !can_write_grads_into_inputs(a, b)) return out_of_place();
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    in_place();
+  }
+  // Anything else that saved a or b for its backward now fails loudly on unpacking instead
+  // of reading gradients as if they were activations.
+  bump_version(a);
+  bump_version(b);
+  return {a.detach(), b.detach()};
+}
+
+}  // namespace detail
+
+// --- swiglu: on fk::swiglu (the backward needs only a and b) -------------------------------
+
+class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
+ public:
+  static constexpr const char* kOp = "fk::swiglu";
+
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
+                            bool backward_in_place) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->save_for_backward({a, b});
+    ctx->saved_data["in_place"] = backward_in_place;
+    return call(a, b, backward_in_place);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    at::Tensor a = saved[0], b = saved[1];
+    const bool in_place = ctx->saved_data["in_place"].toBool();
+    return detail::once_differentiable(kOp, grads, {&a, &b}, [&](bool create_graph) {
+      auto [da, db] = detail::input_grads(
+          in_place && detail::may_overwrite_saved(create_graph), a, b,
+          [&] {
+            static const auto op =
+                detail::op<void(const at::Tensor&, at::Tensor&, at::Tensor&)>(
+                    "fk::_swiglu_backward_");
+            op.call(grads[0], a, b);
+          },
+          [&] {
+            static const auto op =
+                detail::op<std::tuple<at::Tensor, at::Tensor>(
+                    const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+                    "fk::_swiglu_backward");
+            return op.call(grads[0], a, b);
+          });
+      return variable_list{da, db, at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::swiglu.
+  static at::Tensor kernel(const at::Tensor& a, const at::Tensor& b, bool backward_in_place) {
+    if (!detail::records({&a, &b})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(a, b, backward_in_place);
+    }
+    return apply(a, b, backward_in_place);
+  }
+
+ private:
+  static at::Tensor call(const at::Tensor& a, const at::Tensor& b, bool backward_in_place) {
+    static const auto op =
+        detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, bool)>("fk::swiglu");
+    return op.call(a, b, backward_in_place);
+  }
+};
+
+// --- geglu: on fk::geglu (the backward needs only a and b) ---------------------------------
+
+class GegluFunction : public torch::autograd::Function<GegluFunction> {
+ public:
+  static constexpr const char* kOp = "fk::geglu";
+
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
+                            c10::string_view approximate, bool backward_in_place) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->save_for_backward({a, b});
+    ctx->saved_data["approximate"] = std::string(approximate);
+    ctx->saved_data["in_place"] = backward_in_place;
+    return call(a, b, approximate, backward_in_place);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    at::Tensor a = saved[0], b = saved[1];
+    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    const bool in_place = ctx->saved_data["in_place"].toBool();
+    return detail::once_differentiable(kOp, grads, {&a, &b}, [&](bool create_graph) {
+      auto [da, db] = detail::input_grads(
+          in_place && detail::may_overwrite_saved(create_graph), a, b,
+          [&] {
+            static const auto op =
+                detail::op<void(const at::Tensor&, at::Tensor&, at::Tensor&, c10::string_view)>(
+                    "fk::_geglu_backward_");
+            op.call(grads[0], a, b, approximate);
+          },
+          [&] {
+            static const auto op =
+                detail::op<std::tuple<at::Tensor, at::Tensor>(
+                    const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view)>(
+                    "fk::_geglu_backward");
+            return op.call(grads[0], a, b, approximate);
+          });
+      return variable_list{da, db, at::Tensor(), at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::geglu.
+  static at::Tensor kernel(const at::Tensor& a, const at::Tensor& b, c10::string_view approximate,
+                           bool backward_in_place) {
+    if (!detail::records({&a, &b})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(a, b, approximate, backward_in_place);
+    }
+    return apply(a, b, approximate, backward_in_place);
+  }
+
+ private:
+  static at::Tensor call(const at::Tensor& a, const at::Tensor& b, c10::string_view approximate,
+                         bool backward_in_place) {
+    static const auto op =
+        detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view, bool)>(
+            "fk::geglu");
+    return op.call(a, b, approximate, backward_in_place);
+  }
+};
+
+// --- rms_norm: on fk::_rms_norm_forward (the backward needs the rstd it returns) -----------
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static constexpr const char* kOp = "fk::_rms_norm_forward";
+  using Result = std::tuple<at::Tensor, at::Tensor>;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const std::optional<at::Tensor>& weight, double eps,
+                               double offset, c10::string_view casting_mode) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, rstd] = call(x, weight, eps, offset, casting_mode);
+    ctx->save_for_backward({x, weight.value_or(at::Tensor()), rstd});
+    ctx->saved_data["offset"] = offset;
+    ctx->saved_data["casting_mode"] = std::string(casting_mode);
+    ctx->mark_non_differentiable({rstd});
+    return {y, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const std::optional<at::Tensor> weight = detail::optional(saved[1]);
+    const bool need_dw = weight.has_value() && ctx->needs_input_grad(1);
+    return detail::once_differentiable(kOp, grads, {&saved[0], &saved[1]}, [&](bool) {
+      static const auto op =
+          detail::op<Result(const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, const at::Tensor&, double,
+                            c10::string_view, std::array<bool, 2>)>("fk::_rms_norm_backward");
+      auto [dx, dw] = op.call(grads[0], saved[0], weight, saved[2],
+                              ctx->saved_data["offset"].toDouble(),
+                              ctx->saved_data["casting_mode"].toStringRef(), {true, need_dw});
+      return variable_list{dx, dw, at::Tensor(), at::Tensor(), at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::_rms_norm_forward.
+  static Result kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                       double offset, c10::string_view casting_mode) {
+    if (!detail::records({&x, detail::ptr(weight)})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(x, weight, eps, offset, casting_mode);
+    }
+    auto out = apply(x, weight, eps, offset, casting_mode);
+    return {out[0], out[1]};
+  }
+
+ private:
+  static Result call(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                     double offset, c10::string_view casting_mode) {
+    static const auto op =
+        detail::op<Result(const at::Tensor&, const std::optional<at::Tensor>&, double, double,
+                          c10::string_view)>("fk::_rms_norm_forward");
+    return op.call(x, weight, eps, offset, casting_mode);
+  }
+};
+
+// --- layer_norm: on fk::_layer_norm_forward (the backward needs its mean and rstd) ---------
+
+class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
+ public:
+  static constexpr const char* kOp = "fk::_layer_norm_forward";
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const std::optional<at::Tensor>& weight,
+                               const std::optional<at::Tensor>& bias, double eps) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, mean, rstd] = call(x, weight, bias, eps);
+    ctx->save_for_backward({x, weight.value_or(at::Tensor()), mean, rstd});
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    ctx->mark_non_differentiable({mean, rstd});
+    return {y, mean, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const std::optional<at::Tensor> weight = detail::optional(saved[1]);
+    // needs_input_grad counts tensor inputs only: without a weight, the bias is input 1.
+    const bool has_w = weight.has_value();
+    const std::array<bool, 3> mask = {
+        ctx->needs_input_grad(0), has_w && ctx->needs_input_grad(1),
+        ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(has_w ? 2 : 1)};
+    return detail::once_differentiable(kOp, grads, {&saved[0], &saved[1]}, [&](bool) {
+      static const auto op =
+          detail::op<Result(const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, const at::Tensor&,
+                            const at::Tensor&, std::array<bool, 3>)>("fk::_layer_norm_backward");
+      auto [dx, dw, db] = op.call(grads[0], saved[0], weight, saved[2], saved[3], mask);
+      return variable_list{dx, dw, db, at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::_layer_norm_forward.
+  static Result kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                       const std::optional<at::Tensor>& bias, double eps) {
+    if (!detail::records({&x, detail::ptr(weight), detail::ptr(bias)})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(x, weight, bias, eps);
+    }
+    auto out = apply(x, weight, bias, eps);
+    return {out[0], out[1], out[2]};
+  }
+
+ private:
+  static Result call(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                     const std::optional<at::Tensor>& bias, double eps) {
+    static const auto op =
+        detail::op<Result(const at::Tensor&, const std::optional<at::Tensor>&,
+                          const std::optional<at::Tensor>&, double)>("fk::_layer_norm_forward");
+    return op.call(x, weight, bias, eps);
+  }
+};
+
+// --- softmax: on fk::softmax (the backward needs only its output) --------------------------
+
+class SoftmaxFunction : public torch::autograd::Function<SoftmaxFunction> {
+ public:
+  static constexpr const char* kOp = "fk::softmax";
+
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    at::Tensor y = call(x, dim);
+    ctx->saved_data["dim"] = dim;
+    ctx->save_for_backward({y});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    return detail::once_differentiable(kOp, grads, {&saved[0]}, [&](bool) {
+      static const auto op =
+          detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>(
+              "fk::_softmax_backward");
+      return variable_list{op.call(grads[0], saved[0], ctx->saved_data["dim"].toInt()),
+                           at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::softmax.
+  static at::Tensor kernel(const at::Tensor& x, int64_t dim) {
+    if (!detail::records({&x})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(x, dim);
+    }
+    return apply(x, dim);
+  }
+
+ private:
+  static at::Tensor call(const at::Tensor& x, int64_t dim) {
+    static const auto op =
+        detail::op<at::Tensor(const at::Tensor&, int64_t)>("fk::softmax");
+    return op.call(x, dim);
+  }
+};
+
+// --- fused_add_rms_norm: on fk::_fused_add_rms_norm_forward (the backward needs its rstd) --
+
+class FusedAddRmsNormFunction : public torch::autograd::Function<FusedAddRmsNormFunction> {
+ public:
+  static constexpr const char* kOp = "fk::_fused_add_rms_norm_forward";
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& residual,
+                               const std::optional<at::Tensor>& weight, double eps,
+                               double offset, c10::string_view casting_mode) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, residual_out, rstd] = call(x, residual, weight, eps, offset, casting_mode);
+    // An unused output's gradient stays undefined instead of a tensor of zeros.
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward({residual_out, weight.value_or(at::Tensor()), rstd});
+    ctx->saved_data["offset"] = offset;
+    ctx->saved_data["casting_mode"] = std::string(casting_mode);
+    ctx->mark_non_differentiable({rstd});
+    return {y, residual_out, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const std::optional<at::Tensor> weight = detail::optional(saved[1]);
+    const bool need_x = ctx->needs_input_grad(0), need_residual = ctx->needs_input_grad(1);
+    const bool need_dx = need_x || need_residual;
+    const bool need_dw = weight.has_value() && ctx->needs_input_grad(2);
+    return detail::once_differentiable(kOp, grads, {&saved[0], &saved[1]}, [&](bool) {
+      const at::Tensor& grad_y = grads[0];
+      const at::Tensor& grad_residual_out = grads[1];
+      at::Tensor dx, dw;
+      if (grad_y.defined()) {
+        if (need_dx || need_dw) {
+          static const auto op =
+              detail::op<std::tuple<at::Tensor, at::Tensor>(
+                  const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
+                  const std::optional<at::Tensor>&, const at::Tensor&, double, c10::string_view,
+                  std::array<bool, 2>)>("fk::_fused_add_rms_norm_backward");
+          std::tie(dx, dw) = op.call(grad_y, detail::optional(grad_residual_out), saved[0],
+                                     weight, saved[2], ctx->saved_data["offset"].toDouble(),
+                                     ctx->saved_data["casting_mode"].toStringRef(),
+                                     {need_dx, need_dw});
+        }
+      } else {
+        // y unused: only the add is differentiated, and it passes the gradient through.
+        dx = grad_residual_out;
+      }
+      // The add gives x and residual the same gradient: one tensor serves both.
+      return variable_list{need_x ? dx : at::Tensor(), need_residual ? dx : at::Tensor(), dw,
+                           at::Tensor(), at::Tensor(), at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::_fused_add_rms_norm_forward.
+  static Result kernel(const at::Tensor& x, const at::Tensor& residual,
+                       const std::optional<at::Tensor>& weight, double eps, double offset,
+                       c10::string_view casting_mode) {
+    if (!detail::records({&x, &residual, detail::ptr(weight)})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(x, residual, weight, eps, offset, casting_mode);
+    }
+    auto out = apply(x, residual, weight, eps, offset, casting_mode);
+    return {out[0], out[1], out[2]};
+  }
+
+ private:
+  static Result call(const at::Tensor& x, const at::Tensor& residual,
+                     const std::optional<at::Tensor>& weight, double eps, double offset,
+                     c10::string_view casting_mode) {
+    static const auto op =
+        detail::op<Result(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                          double, double, c10::string_view)>("fk::_fused_add_rms_norm_forward");
+    return op.call(x, residual, weight, eps, offset, casting_mode);
+  }
+};
+
+// --- rope: on fk::rope (the backward needs only cos and sin); fk::rope_ refuses autograd ---
+
+class RopeFunction : public torch::autograd::Function<RopeFunction> {
+ public:
+  static constexpr const char* kOp = "fk::rope";
+  using Result = std::tuple<at::Tensor, at::Tensor>;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& cos, const at::Tensor& sin,
+                               std::optional<int64_t> rotary_dim, bool interleaved) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [qo, ko] = call("fk::rope", q, k, cos, sin, rotary_dim, interleaved);
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["rotary_dim"] =
+        rotary_dim.has_value() ? c10::IValue(*rotary_dim) : c10::IValue();
+    ctx->saved_data["interleaved"] = interleaved;
+    return {qo, ko};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    return detail::once_differentiable(kOp, grads, {&saved[0], &saved[1]}, [&](bool) {
+      auto [dq, dk] = call("fk::_rope_backward", grads[0], grads[1], saved[0], saved[1],
+                           ctx->saved_data["rotary_dim"].toOptional<int64_t>(),
+                           ctx->saved_data["interleaved"].toBool());
+      return variable_list{dq, dk, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::rope.
+  static Result kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                       const at::Tensor& sin, std::optional<int64_t> rotary_dim,
+                       bool interleaved) {
+    if (!detail::records({&q, &k, &cos, &sin})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call("fk::rope", q, k, cos, sin, rotary_dim, interleaved);
+    }
+    auto out = apply(q, k, cos, sin, rotary_dim, interleaved);
+    return {out[0], out[1]};
+  }
+
+  // The Autograd kernel of fk::rope_, which has no derivative: it refuses tensors autograd
+  // would need to track, and bumps the version counters of q and k so that a tensor saved
+  // for some backward is not read after it was overwritten.
+  static void in_place_kernel(at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
+                              const at::Tensor& sin, std::optional<int64_t> rotary_dim,
+                              bool interleaved) {
+    TORCH_CHECK(!at::GradMode::is_enabled() || !(q.requires_grad() || k.requires_grad()),
+                "fk::rope_ is not differentiable: q and k require grad; use fk::rope, or "
+                "call it under no_grad");
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      static const auto op =
+          detail::op<void(at::Tensor&, at::Tensor&, const at::Tensor&, const at::Tensor&,
+                          std::optional<int64_t>, bool)>("fk::rope_");
+      op.call(q, k, cos, sin, rotary_dim, interleaved);
+    }
+    detail::bump_version(q);
+    detail::bump_version(k);
+  }
+
+ private:
+  // fk::rope and fk::_rope_backward share their signature.
+  static Result call(const char* name, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& cos, const at::Tensor& sin,
+                     std::optional<int64_t> rotary_dim, bool interleaved) {
+    using Signature = Result(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const at::Tensor&, std::optional<int64_t>, bool);
+    static const auto rope = detail::op<Signature>("fk::rope");
+    static const auto backward = detail::op<Signature>("fk::_rope_backward");
+    const auto& op = std::string_view(name) == "fk::rope" ? rope : backward;
+    return op.call(q, k, cos, sin, rotary_dim, interleaved);
+  }
+};
+
+// --- swiglu_linear: on fk::_swiglu_linear_forward (the backward needs the factors s, t it
+// returns, or forms them again from x and the weights when they were not returned) ---------
+//
+// Backward: one elementwise pass forms da = dz * t and db = dz * s, written over t and s when
+// nothing can read them again (not when the graph is retained or a higher-order graph is
+// built; then new tensors); then the products through ATen (cuBLAS on CUDA), only those
+// whose gradient is needed: dx = da w_gate + db w_up, dWg = da^T x, dWu = db^T x.
+
+class SwigluLinearFunction : public torch::autograd::Function<SwigluLinearFunction> {
+ public:
+  static constexpr const char* kOp = "fk::_swiglu_linear_forward";
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& w_gate, const at::Tensor& w_up,
+                               std::array<bool, 2> output_mask) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [z, s, t] = call(x, w_gate, w_up, output_mask);
+    ctx->save_for_backward({x, w_gate, w_up, s, t});
+    ctx->set_materialize_grads(false);
+    // Without the factors (recompute) the results are z alone: a torch::autograd::Function
+    // cannot return undefined tensors (the kernel below returns them).
+    if (!s.defined()) return {z};
+    // s and t are the backward's factors, not differentiable results; their gradients are
+    // never formed (no zero tensors of z's size in the backward).
+    ctx->mark_non_differentiable({s, t});
+    return {z, s, t};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w_gate = saved[1], &w_up = saved[2];
+    const bool need_x = ctx->needs_input_grad(0), need_wg = ctx->needs_input_grad(1),
+               need_wu = ctx->needs_input_grad(2);
+    return detail::once_differentiable(kOp, grads, {&x, &w_gate, &w_up}, [&](bool create_graph) {
+      const at::Tensor& dz = grads[0];
+      if (!dz.defined() || !(need_x || need_wg || need_wu)) return variable_list(4);
+      at::Tensor s = saved[3], t = saved[4];
+      if (!s.defined()) {  // recompute
+        std::tie(std::ignore, s, t) = call(x, w_gate, w_up, {false, true});
+      }
+      auto [da, db] = detail::input_grads(
+          detail::may_overwrite_saved(create_graph), t, s,
+          [&] {
+            static const auto op =
+                detail::op<void(const at::Tensor&, at::Tensor&, at::Tensor&)>(
+                    "fk::_swiglu_linear_gate_grads_");
+            op.call(dz, t, s);
+          },
+          [&] {
+            static const auto op =
+                detail::op<std::tuple<at::Tensor, at::Tensor>(
+                    const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+                    "fk::_swiglu_linear_gate_grads");
+            return op.call(dz, t, s);
+          });
+      const at::Tensor da2 = rows(da), db2 = rows(db);
+      at::Tensor dx, dwg, dwu;
+      // One product, the other added onto it in place.
+      if (need_x) dx = at::mm(da2, w_gate).addmm_(db2, w_up).view(x.sizes());
+      if (need_wg || need_wu) {
+        const at::Tensor x2 = rows(x);
+        if (need_wg) dwg = at::mm(da2.t(), x2);
+        if (need_wu) dwu = at::mm(db2.t(), x2);
+      }
+      return variable_list{dx, dwg, dwu, at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::_swiglu_linear_forward.
+  static Result kernel(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
+                       std::array<bool, 2> output_mask) {
+    if (!detail::records({&x, &w_gate, &w_up})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(x, w_gate, w_up, output_mask);
+    }
+    auto out = apply(x, w_gate, w_up, output_mask);
+    if (out.size() == 1) return {out[0], at::Tensor(), at::Tensor()};
+    return {out[0], out[1], out[2]};
+  }
+
+ private:
+  static Result call(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
+                     std::array<bool, 2> output_mask) {
+    static const auto op =
+        detail::op<Result(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                          std::array<bool, 2>)>("fk::_swiglu_linear_forward");
+    return op.call(x, w_gate, w_up, output_mask);
+  }
+
+  // (rows, last dim) view of t (a copy only when t's layout does not allow one); also for
+  // empty tensors, where -1 would be ambiguous.
+  static at::Tensor rows(const at::Tensor& t) {
+    int64_t n = 1;
+    for (int64_t d = 0; d + 1 < t.dim(); ++d) n *= t.size(d);
+    return t.reshape({n, t.size(-1)});
+  }
+};
+
+// --- cross_entropy: on fk::cross_entropy (a kernel of its own, as in Python: the forward
+// computes the gradient, into the logits' memory where allowed) ----------------------------
+
+namespace detail {
+
+// The backward of a gradient the forward computed for a grad_output of 1 (2-D): scaled by
+// grad_loss in place where that is safe (plain eager, the graph not retained, no
+// higher-order graph) and returned as a new tensor object on the same memory (so a leaf's
+// .grad takes it without a copy), else into a new tensor. Under create_graph the result
+// raises when differentiated (it depends on a gradient the internal ops cannot
+// differentiate). `op` names the formula in that error.
+inline at::Tensor scale_stored_grad(const char* op, at::Tensor stored,
+                                    const at::Tensor& grad_loss) {
+  static const auto backward =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fk::_cross_entropy_backward");
+  if (at::GradMode::is_enabled()) {  // create_graph
+    at::Tensor out;
+    {
+      at::NoGradGuard no_grad;
+      at::AutoDispatchBelowADInplaceOrView guard;
+      out = backward.call(stored, grad_loss);
+    }
+    return raise_when_differentiated(op, {out})[0];
+  }
+  at::AutoDispatchBelowADInplaceOrView guard;
+  if (!torch::autograd::get_current_graph_task_keep_graph() && stored.is_contiguous() &&
+      plain_eager({&stored, &grad_loss})) {
+    static const auto in_place = detail::op<void(at::Tensor&, const at::Tensor&)>(
+        "fk::_cross_entropy_backward_");
+    in_place.call(stored, grad_loss);
+    bump_version(stored);
+    return stored.detach();
+  }
+  return backward.call(stored, grad_loss);
+}
+
+}  // namespace detail
+
+// The forward computes the gradient of the loss for a grad_output of 1 and keeps it; the
+// backward scales it by grad_output.
+//
+// Where the gradient lives: with grad_in_logits in the logits' own memory, in plain eager
+// execution only (no dispatch mode, no functional / fake / subclass tensors; else a new
+// buffer). The logits' version counter is bumped, so anything else that saved them for its
+// backward raises autograd's "modified by an inplace operation" error instead of reading
+// gradients; the logits are saved as they are, so a later write into them makes this
+// backward raise too.
+class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFunction> {
+ public:
+  using Result = std::tuple<at::Tensor, at::Tensor>;
+  static constexpr const char* kOp = "fk::cross_entropy";
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& logits,
+                               const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                               int64_t ignore_index, double label_smoothing,
+                               c10::string_view reduction, double lse_square_scale,
+                               std::optional<double> softcap, bool grad_in_logits) {
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    at::Tensor loss, z, grad;
+    if (grad_in_logits && detail::plain_eager({&logits, &target})) {
+      // The gradient goes into the logits, or into the one contiguous copy of them.
+      at::Tensor x = logits.is_contiguous() ? logits : logits.contiguous();
+      static const auto op =
+          detail::op<Result(at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                            int64_t, double, c10::string_view, double, std::optional<double>)>(
+              "fk::_cross_entropy_forward_");
+      std::tie(loss, z) = op.call(x, target, weight, ignore_index, label_smoothing, reduction,
+                                  lse_square_scale, softcap);
+      if (x.is_same(logits)) detail::bump_version(logits);
+      grad = x;
+    } else {
+      std::tie(loss, z, grad) = forward_op(logits, target, weight, ignore_index,
+                                           label_smoothing, reduction, lse_square_scale,
+                                           softcap, true);
+    }
+    ctx->save_for_backward({grad});
+    // z_loss is part of loss already and is returned for logging: no gradient through it.
+    ctx->mark_non_differentiable({z});
+    return {loss, z};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(9);
+    // No grad_output for the loss: only z_loss was used, and it carries no gradient.
+    if (!grads[0].defined()) return out;
+    out[0] = detail::scale_stored_grad(kOp, ctx->get_saved_variables()[0], grads[0]);
+    return out;
+  }
+
+  // The Autograd kernel of fk::cross_entropy.
+  static Result kernel(const at::Tensor& logits, const at::Tensor& target,
+                       const std::optional<at::Tensor>& weight, int64_t ignore_index,
+                       double label_smoothing, c10::string_view reduction,
+                       double lse_square_scale, std::optional<double> softcap,
+                       bool grad_in_logits) {
+    if (!at::GradMode::is_enabled() || !logits.requires_grad()) {
+      // No gradient wanted (class weights are not differentiated, as in torch): losses only.
+      at::AutoDispatchBelowADInplaceOrView guard;
+      auto [loss, z, grad] = forward_op(logits, target, weight, ignore_index, label_smoothing,
+                                        reduction, lse_square_scale, softcap, false);
+      return {loss, z};
+    }
+    auto out = apply(logits, target, weight, ignore_index, label_smoothing, reduction,
+                     lse_square_scale, softcap, grad_in_logits);
+    return {out[0], out[1]};
+  }
+
+ private:
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_op(
+      const at::Tensor& logits, const at::Tensor& target,
+      const std::optional<at::Tensor>& weight, int64_t ignore_index, double label_smoothing,
+      c10::string_view reduction, double lse_square_scale, std::optional<double> softcap,
+      bool compute_grad) {
+    static const auto op =
+        detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+            const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t,
+            double, c10::string_view, double, std::optional<double>, bool)>(
+            "fk::_cross_entropy_forward");
+    return op.call(logits, target, weight, ignore_index, label_smoothing, reduction,
+                   lse_square_scale, softcap, compute_grad);
+  }
+};
+
+// --- fused_linear_cross_entropy: on fk::fused_linear_cross_entropy (a kernel of its own, as
+// in Python: the forward computes the gradients) ---------------------------------------------
+//
+// Reductions "mean" and "sum": the forward computes grad_x, grad_weight and grad_bias for a
+// grad_output of 1 (only those in grad_mask) and keeps them; the backward scales them by
+// grad_output (in place where safe: detail::scale_stored_grad).
+// Reduction "none": each row's grad_output must weigh the logits' gradient before the
+// products sum over rows, so the forward keeps x, weight, target (and bias) and the backward
+// runs the chunked pass again with grad_output per row.
+
+class FusedLinearCrossEntropyFunction
+    : public torch::autograd::Function<FusedLinearCrossEntropyFunction> {
+ public:
+  using Result = std::tuple<at::Tensor, at::Tensor>;
+  static constexpr const char* kOp = "fk::fused_linear_cross_entropy";
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& weight, const at::Tensor& target,
+                               const std::optional<at::Tensor>& bias,
+                               const std::optional<at::Tensor>& ce_weight, int64_t ignore_index,
+                               double label_smoothing, c10::string_view reduction,
+                               double lse_square_scale, std::optional<double> softcap,
+                               std::optional<int64_t> chunk_size,
+                               std::optional<at::ScalarType> accum_dtype,
+                               std::array<bool, 3> grad_mask) {
+    ctx->set_materialize_grads(false);
+    const bool deferred = reduction == "none";
+    const std::array<bool, 3> now =
+        deferred ? std::array<bool, 3>{false, false, false} : grad_mask;
+    at::Tensor loss, z, gx, gw, gb;
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      std::tie(loss, z, gx, gw, gb) =
+          forward_op(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
+                     reduction, lse_square_scale, softcap, chunk_size, accum_dtype, now,
+                     std::nullopt);
+    }
+    ctx->saved_data["deferred"] = deferred;
+    if (deferred) {
+      ctx->save_for_backward({x, weight, target, bias.value_or(at::Tensor()),
+                              ce_weight.value_or(at::Tensor())});
+      ctx->saved_data["ignore_index"] = ignore_index;
+      ctx->saved_data["label_smoothing"] = label_smoothing;
+      ctx->saved_data["lse_square_scale"] = lse_square_scale;
+      ctx->saved_data["softcap"] = softcap;
+      ctx->saved_data["chunk_size"] = chunk_size;
+      ctx->saved_data["accum_dtype"] =
+          accum_dtype.has_value() ? static_cast<int64_t>(*accum_dtype) : int64_t{-1};
+      ctx->saved_data["grad_mask"] = std::vector<bool>(grad_mask.begin(), grad_mask.end());
+    } else {
+      ctx->save_for_backward({gx, gw, gb});
+    }
+    // z_loss is part of loss already and is returned for logging: no gradient through it.
+    ctx->mark_non_differentiable({z});
+    return {loss, z};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(13);
+    const at::Tensor& g = grads[0];
+    // No grad_output for the loss: only z_loss was used, and it carries no gradient.
+    if (!g.defined()) return out;
+    auto saved = ctx->get_saved_variables();
+    if (ctx->saved_data["deferred"].toBool()) {
+      const int64_t accum = ctx->saved_data["accum_dtype"].toInt();
+      const auto mask = ctx->saved_data["grad_mask"].toBoolList();
+      const bool create_graph = at::GradMode::is_enabled();
+      at::Tensor gx, gw, gb;
+      {
+        at::NoGradGuard no_grad;
+        at::AutoDispatchBelowADInplaceOrView guard;
+        std::tie(std::ignore, std::ignore, gx, gw, gb) = forward_op(
+            saved[0], saved[1], saved[2], detail::optional(saved[3]),
+            detail::optional(saved[4]), ctx->saved_data["ignore_index"].toInt(),
+            ctx->saved_data["label_smoothing"].toDouble(), "none",
+            ctx->saved_data["lse_square_scale"].toDouble(),
+            ctx->saved_data["softcap"].toOptional<double>(),
+            ctx->saved_data["chunk_size"].toOptional<int64_t>(),
+            accum < 0 ? std::nullopt
+                      : std::optional<at::ScalarType>(static_cast<at::ScalarType>(accum)),
+            {mask[0], mask[1], mask[2]}, g);
+      }
+      if (create_graph) {
+        const variable_list marked = detail::raise_when_differentiated(kOp, {gx, gw, gb});
+        gx = marked[0], gw = marked[1], gb = marked[2];
+      }
+      out[0] = gx, out[1] = gw, out[3] = gb;
+      return out;
+    }
+    if (saved[0].defined()) out[0] = detail::scale_stored_grad(kOp, saved[0], g);
+    if (saved[1].defined()) out[1] = detail::scale_stored_grad(kOp, saved[1], g);
+    if (saved[2].defined()) {
+      out[3] = detail::scale_stored_grad(kOp, saved[2].unsqueeze(0), g).squeeze(0);
+    }
+    return out;
+  }
+
+  // The Autograd kernel of fk::fused_linear_cross_entropy.
+  static Result kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
+                       const std::optional<at::Tensor>& bias,
+                       const std::optional<at::Tensor>& ce_weight, int64_t ignore_index,
+                       double label_smoothing, c10::string_view reduction,
+                       double lse_square_scale, std::optional<double> softcap,
+                       std::optional<int64_t> chunk_size,
+                       std::optional<at::ScalarType> accum_dtype) {
+    const bool grad_mode = at::GradMode::is_enabled();
+    const std::array<bool, 3> mask = {
+        grad_mode && x.requires_grad(), grad_mode && weight.requires_grad(),
+        grad_mode && bias.has_value() && bias->defined() && bias->requires_grad()};
+    if (!mask[0] && !mask[1] && !mask[2]) {
+      // No gradient wanted (ce_weight is not differentiated): losses only.
+      at::AutoDispatchBelowADInplaceOrView guard;
+      auto r = forward_op(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
+                          reduction, lse_square_scale, softcap, chunk_size, accum_dtype,
+                          {false, false, false}, std::nullopt);
+      return {std::get<0>(r), std::get<1>(r)};
+    }
+    auto out = apply(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
+                     reduction, lse_square_scale, softcap, chunk_size, accum_dtype, mask);
+    return {out[0], out[1]};
+  }
+
+ private:
+  using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+  static Forward forward_op(const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& target, const std::optional<at::Tensor>& bias,
+                            const std::optional<at::Tensor>& ce_weight, int64_t ignore_index,
+                            double label_smoothing, c10::string_view reduction,
+                            double lse_square_scale, std::optional<double> softcap,
+                            std::optional<int64_t> chunk_size,
+                            std::optional<at::ScalarType> accum_dtype,
+                            std::array<bool, 3> grad_mask,
+                            const std::optional<at::Tensor>& grad_rows) {
+    static const auto op =
+        detail::op<Forward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                           int64_t, double, c10::string_view, double, std::optional<double>,
+                           std::optional<int64_t>, std::optional<at::ScalarType>,
+                           std::array<bool, 3>, const std::optional<at::Tensor>&)>(
+            "fk::_fused_linear_cross_entropy_forward");
+    return op.call(x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
+                   lse_square_scale, softcap, chunk_size, accum_dtype, grad_mask, grad_rows);
+  }
+};
+
+
+namespace detail {
+
+// The Autograd kernels, on the operators Python registers its formulas on.
+inline void register_kernels(torch::Library& m) {
+  m.impl("swiglu", &SwigluFunction::kernel);
+  m.impl("geglu", &GegluFunction::kernel);
+  m.impl("_rms_norm_forward", &RmsNormFunction::kernel);
+  m.impl("_layer_norm_forward", &LayerNormFunction::kernel);
+  m.impl("softmax", &SoftmaxFunction::kernel);
+  m.impl("_fused_add_rms_norm_forward", &FusedAddRmsNormFunction::kernel);
+  m.impl("rope", &RopeFunction::kernel);
+  m.impl("rope_", &RopeFunction::in_place_kernel);
+  m.impl("_swiglu_linear_forward", &SwigluLinearFunction::kernel);
+  m.impl("cross_entropy", &CrossEntropyFunction::kernel);
+  m.impl("fused_linear_cross_entropy", &FusedLinearCrossEntropyFunction::kernel);
+}
+
+}  // namespace detail
+}  // namespace autograd
+
+// Registers the autograd formulas of fk's operators for the Autograd key, on the operators
+// Python's fk registers them on:
+//   the public op:        fk::swiglu, fk::geglu, fk::softmax, fk::rope, fk::rope_ (which
+//                         refuses q and k that require grad), fk::cross_entropy,
+//                         fk::fused_linear_cross_entropy;
+//   the internal forward: fk::_rms_norm_forward, fk::_fused_add_rms_norm_forward,
+//                         fk::_layer_norm_forward, fk::_swiglu_linear_forward (fk::rms_norm,
+//                         fk::fused_add_rms_norm, fk::layer_norm, fk::swiglu_linear are
+//                         CompositeImplicitAutograd kernels calling them).
+// Call it once in a C++ program without Python, before differentiating through fk's ops
+// (directly or in a TorchScript module); further calls do nothing. Never call it in a
+// process where Python imports fk (see the top of this file).
+inline void register_autograd() {
+  static const torch::Library* const library = [] {
+    // Kept for the whole process (never deregistered).
+    auto* lib = new torch::Library(torch::Library::IMPL, "fk",
+                                   c10::DispatchKey::Autograd, __FILE__, __LINE__);
+    autograd::detail::register_kernels(*lib);
+    return lib;
+  }();
+  (void)library;
+}
+
+}  // namespace fk
