@@ -103,12 +103,18 @@ namespace aten {
 // Calls the operator <name>.<overload> ("aten::mul", "Tensor") with its full argument list
 // (defaults included) and returns its N outputs. N must be the operator's number of
 // returns: each output holds a reference that only its Tensor releases.
+//
+// The shim reports a failure of the called operator as an error code only (torch prints
+// the operator's own message to stderr): callers check their inputs first, so that the
+// mistakes fk knows of raise their own messages.
 template <size_t N, typename... A>
 std::array<Tensor, N> call_n(const char* name, const char* overload, const A&... args) {
   constexpr size_t n = sizeof...(A) > N ? sizeof...(A) : N;
   std::array<StableIValue, n> stack{torch::stable::detail::from(args)...};
-  TORCH_ERROR_CODE_CHECK(
-      torch_call_dispatcher(name, overload, stack.data(), TORCH_ABI_VERSION));
+  FK_CHECK(torch_call_dispatcher(name, overload, stack.data(), TORCH_ABI_VERSION) ==
+               AOTI_TORCH_SUCCESS,
+           "fk: the operator ", name, (*overload ? "." : ""), overload,
+           " failed (torch printed its error above)");
   std::array<Tensor, N> out;
   for (size_t i = 0; i < N; ++i) out[i] = torch::stable::detail::to<Tensor>(stack[i]);
   return out;

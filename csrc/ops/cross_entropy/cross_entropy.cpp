@@ -174,6 +174,8 @@ std::tuple<Tensor, Tensor> cross_entropy_composite(Tensor logits, Tensor target,
                                                    std::string reduction,
                                                    double lse_square_scale,
                                                    std::optional<double> softcap, bool) {
+  check_cross_entropy("fk::cross_entropy", logits, target, weight, ignore_index,
+                      label_smoothing, reduction, lse_square_scale, softcap);
   auto r = aten::call_n<3>("fk::_cross_entropy_forward", "", logits, target, weight,
                            ignore_index, label_smoothing, reduction, lse_square_scale, softcap,
                            false);

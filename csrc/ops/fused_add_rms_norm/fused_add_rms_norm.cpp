@@ -47,6 +47,7 @@ namespace {
 std::tuple<Tensor, Tensor> fused_add_rms_norm_composite(Tensor x, Tensor residual,
                                                         std::optional<Tensor> weight, double eps,
                                                         double offset, std::string casting_mode) {
+  check_fused_add_rms_norm(x, residual, weight, casting_mode);
   auto out = aten::call_n<3>("fk::_fused_add_rms_norm_forward", "", x, residual, weight, eps,
                              offset, casting_mode);
   return {out[0], out[1]};

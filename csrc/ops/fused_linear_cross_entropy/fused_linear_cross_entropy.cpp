@@ -59,6 +59,9 @@ std::tuple<Tensor, Tensor> fused_linear_cross_entropy_composite(
     std::optional<Tensor> ce_weight, int64_t ignore_index, double label_smoothing,
     std::string reduction, double lse_square_scale, std::optional<double> softcap,
     std::optional<int64_t> chunk_size, std::optional<ScalarType> accum_dtype) {
+  check_fused_linear_cross_entropy(x, weight, target, bias, ce_weight, ignore_index,
+                                   label_smoothing, reduction, lse_square_scale, softcap,
+                                   chunk_size, accum_dtype);
   const std::array<bool, 3> no_grad{false, false, false};
   auto r = aten::call_n<5>("fk::_fused_linear_cross_entropy_forward", "", x, weight, target,
                            bias, ce_weight, ignore_index, label_smoothing, reduction,

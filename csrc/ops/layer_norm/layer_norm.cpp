@@ -51,6 +51,7 @@ namespace {
 // formula (python/fk/ops/layer_norm.py) saves the mean and rstd it returns.
 Tensor layer_norm_composite(Tensor x, std::optional<Tensor> weight, std::optional<Tensor> bias,
                             double eps) {
+  check_layer_norm(x, weight, bias);
   return aten::call_n<3>("fk::_layer_norm_forward", "", x, weight, bias, eps)[0];
 }
 

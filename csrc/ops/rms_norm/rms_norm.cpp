@@ -47,6 +47,7 @@ namespace {
 // (python/fk/ops/rms_norm.py, include/fk/autograd.h) saves the rstd it returns.
 Tensor rms_norm_composite(Tensor x, std::optional<Tensor> weight, double eps, double offset,
                           std::string casting_mode) {
+  check_rms_norm(x, weight, casting_mode);
   return aten::call_n<2>("fk::_rms_norm_forward", "", x, weight, eps, offset, casting_mode)[0];
 }
 

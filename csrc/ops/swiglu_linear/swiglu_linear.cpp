@@ -43,6 +43,7 @@ namespace {
 // differentiate the call, so only z is written. (fk.swiglu_linear in Python also skips the
 // factors when no input requires grad; the stable ABI has no requires_grad query.)
 Tensor swiglu_linear_composite(Tensor x, Tensor w_gate, Tensor w_up, bool recompute) {
+  check_swiglu_linear(x, w_gate, w_up);
   const bool mask[2] = {true, !recompute && aoti_torch_grad_mode_is_enabled()};
   return aten::call_n<3>("fk::_swiglu_linear_forward", "", x, w_gate, w_up,
                          torch::headeronly::HeaderOnlyArrayRef<bool>(mask, 2))[0];
