@@ -45,6 +45,6 @@ class LayerNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return layer_norm(x, self.weight, self.bias, self.eps)
 
-    def extra_repr(self) -> str:
-        return (f"{self.normalized_shape}, eps={self.eps}, "
-                f"elementwise_affine={self.elementwise_affine}")
+    # torch.nn.LayerNorm's own, which reads the same attributes (its text differs between
+    # torch versions: 2.13 added the bias flag).
+    extra_repr = nn.LayerNorm.extra_repr
