@@ -66,13 +66,13 @@ def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                         sin: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
-                         unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Drop-in for Hugging Face's ``apply_rotary_pos_emb`` (same signature): cos / sin of
-    shape ``(1 or B, S, D)``, q / k ``(B, H, S, D)`` with ``unsqueeze_dim=1`` or
-    ``(B, S, H, D)`` with ``unsqueeze_dim=2``. ``position_ids`` is unused, as in Hugging
-    Face (cos / sin are already gathered at the positions). Partial rotary when cos / sin
-    are narrower than the head."""
+                         sin: torch.Tensor, unsqueeze_dim: int = 1
+                         ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Drop-in for Hugging Face's ``apply_rotary_pos_emb`` (the same signature as in
+    transformers 5.x, defaults included: torch.compile's guards may read them through
+    Hugging Face's module): cos / sin of shape ``(1 or B, S, D)``, q / k ``(B, H, S, D)``
+    with ``unsqueeze_dim=1`` or ``(B, S, H, D)`` with ``unsqueeze_dim=2``. Partial rotary when
+    cos / sin are narrower than the head."""
     if unsqueeze_dim == 1:
         return rope(q, k, cos, sin)
     if unsqueeze_dim == 2:
