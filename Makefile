@@ -21,8 +21,6 @@ PYTEST := -m pytest tests -q -p no:cacheprovider
 # without Triton, and the newest torch brings another one.
 NO_TRITON_SRC := -k "not interpreter and not test_variants_cover_every_dtype_and_flag" \
   --ignore=tests/test_interpreter.py
-# The C++ example needs a CUDA build of torch (fk::torch, its CMake target, links libc10_cuda).
-NO_CPP_EXAMPLE := --ignore=tests/integration/test_cpp_example.py
 
 .PHONY: demo test setup wheel install bench clean
 
@@ -43,8 +41,7 @@ test: install $(VENV_NEWEST)/.stamp $(VENV_CPU)/.stamp
 	$(call wheel_env,$(VENV_NEWEST),requirements-torch-newest.txt)
 	PATH=$(abspath $(VENV_NEWEST))/bin:$$PATH $(VENV_NEWEST)/bin/python $(PYTEST) $(NO_TRITON_SRC)
 	$(call wheel_env,$(VENV_CPU),requirements-torch-cpu.txt)
-	PATH=$(abspath $(VENV_CPU))/bin:$$PATH $(VENV_CPU)/bin/python $(PYTEST) $(NO_TRITON_SRC) \
-	  $(NO_CPP_EXAMPLE)
+	PATH=$(abspath $(VENV_CPU))/bin:$$PATH $(VENV_CPU)/bin/python $(PYTEST) $(NO_TRITON_SRC)
 
 setup: $(VENV)/.stamp
 

@@ -45,14 +45,18 @@ if(NOT FK_CUDA_INCLUDE_DIR)
   set(FK_CUDA_INCLUDE_DIR "${CUDAToolkit_INCLUDE_DIRS}")
 endif()
 
+# LibTorch's libraries; a CPU-only torch has no libc10_cuda.
+set(_fk_torch_libs "${FK_TORCH_ROOT}/lib/libtorch.so;${FK_TORCH_ROOT}/lib/libtorch_cpu.so;${FK_TORCH_ROOT}/lib/libc10.so")
+if(EXISTS "${FK_TORCH_ROOT}/lib/libc10_cuda.so")
+  list(APPEND _fk_torch_libs "${FK_TORCH_ROOT}/lib/libc10_cuda.so")
+endif()
 add_library(fk::torch INTERFACE IMPORTED)
 set_target_properties(fk::torch PROPERTIES
   INTERFACE_INCLUDE_DIRECTORIES
     "${FK_TORCH_ROOT}/include;${FK_TORCH_ROOT}/include/torch/csrc/api/include;${FK_CUDA_INCLUDE_DIR}"
   INTERFACE_COMPILE_DEFINITIONS "_GLIBCXX_USE_CXX11_ABI=1"
   INTERFACE_COMPILE_FEATURES "cxx_std_17"
-  INTERFACE_LINK_LIBRARIES
-    "${FK_TORCH_ROOT}/lib/libtorch.so;${FK_TORCH_ROOT}/lib/libtorch_cpu.so;${FK_TORCH_ROOT}/lib/libc10.so;${FK_TORCH_ROOT}/lib/libc10_cuda.so"
+  INTERFACE_LINK_LIBRARIES "${_fk_torch_libs}"
 )
 # The stable ABI: torch's headers, TORCH_TARGET_VERSION (torch's version encoding: major << 56
 # | minor << 48), and libtorch_cpu.so, which exports the stable C shim. No c10, no
