@@ -205,6 +205,39 @@ def test_cpp_exception_crosses_into_torch():
                                        "llama")
 
 
+def _composite_calls():
+    import torch
+
+    f, i64 = torch.ones, torch.long
+    return [
+        ("rms_norm", lambda: torch.ops.fk.rms_norm(f(2, 8, dtype=i64), None),
+         r"^fk::rms_norm: x has dtype Long"),
+        ("layer_norm", lambda: torch.ops.fk.layer_norm(f(2, 8), f(7)),
+         r"^fk::layer_norm: weight must have shape \(8,\)"),
+        ("fused_add_rms_norm", lambda: torch.ops.fk.fused_add_rms_norm(f(2, 8), f(2, 7), None),
+         r"^fk::fused_add_rms_norm: x and residual must have the same shape"),
+        ("swiglu_linear", lambda: torch.ops.fk.swiglu_linear(f(2, 8), f(4, 7), f(4, 8)),
+         r"^fk::swiglu_linear: w_gate must have shape"),
+        ("cross_entropy", lambda: torch.ops.fk.cross_entropy(f(2, 8), f(3, dtype=i64)),
+         r"^fk::cross_entropy: target must have shape \(2,\)"),
+        ("fused_linear_cross_entropy",
+         lambda: torch.ops.fk.fused_linear_cross_entropy(f(2, 8), f(5, 7), f(2, dtype=i64)),
+         r"^fk::fused_linear_cross_entropy: weight must have shape"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_composite_ops_raise_their_own_messages(index):
+    """The public ops whose C++ kernel calls an internal one through the stable dispatcher
+    (as TorchScript and C++ programs call them): a mistake raises fk's message, not the
+    shim's error code of the inner call."""
+    import fk  # noqa: F401
+
+    name, call, match = _composite_calls()[index]
+    with pytest.raises(RuntimeError, match=match):
+        call()
+
+
 # --- the wheel --------------------------------------------------------------------------------
 
 @pytest.mark.slow
