@@ -43,9 +43,19 @@ def _needs_guard(ctx, grads) -> bool:
     return any(t.requires_grad for t in tensors)
 
 
+def may_overwrite_saved(ctx) -> bool:
+    """Whether a backward may write its results over tensors it saved (the in-place
+    backwards): not when it builds a higher-order graph (create_graph) or the graph is
+    retained (a second backward would read them again)."""
+    return (not ctx.create_graph
+            and not torch._C._autograd._get_current_graph_task_keep_graph())
+
+
 def _once(op: str, backward):
     def once(ctx, *grads):
-        if not torch.is_grad_enabled():
+        # Read by may_overwrite_saved: the backward itself runs with grad mode off.
+        ctx.create_graph = torch.is_grad_enabled()
+        if not ctx.create_graph:
             return backward(ctx, *grads)
         with torch.no_grad():
             out = backward(ctx, *grads)

@@ -11,9 +11,8 @@ b); it calls one of the two backward ops.
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
-from . import _checks as c
+from . import _autograd, _checks as c
 
 
 class OpNames:
@@ -91,15 +90,11 @@ def can_write_grads_into_inputs(a, b) -> bool:
 
 
 def register_autograd(names: OpNames) -> None:
-    """The autograd formula of the op (inputs: a, b, extra args, backward_in_place).
-
-    This is torch.library.register_autograd with a backward that runs once (the backward ops
-    have no derivative: a double backward raises torch's "differentiate twice" error), as
-    _autograd.register does, plus one decision taken before once_differentiable turns grad
-    mode off: the gradients go into a's and b's memory only when the op was called with
-    backward_in_place=True, this backward does not retain the graph (a second backward
-    would read a and b) nor build a higher-order graph (create_graph), and a and b allow it
-    (can_write_grads_into_inputs). Otherwise they are new tensors."""
+    """The autograd formula of the op (inputs: a, b, extra args, backward_in_place), through
+    _autograd.register. The gradients go into a's and b's memory only when the op was called
+    with backward_in_place=True, the backward may overwrite what it saved
+    (_autograd.may_overwrite_saved) and a and b allow it (can_write_grads_into_inputs).
+    Otherwise they are new tensors."""
     out_of_place = getattr(torch.ops.fk, f"_{names.name}_backward").default
     in_place = getattr(torch.ops.fk, f"_{names.name}_backward_").default
 
@@ -109,9 +104,10 @@ def register_autograd(names: OpNames) -> None:
         ctx.extra = tuple(inputs[2:-1])
         ctx.in_place = inputs[-1]
 
-    @once_differentiable
-    def grads(ctx, grad_c, a, b, write_into_inputs):
+    def backward(ctx, grad_c):
+        a, b = ctx.saved_tensors
         nones = (None,) * (len(ctx.extra) + 1)
+        write_into_inputs = ctx.in_place and _autograd.may_overwrite_saved(ctx)
         if write_into_inputs and can_write_grads_into_inputs(a, b):
             in_place(grad_c, a, b, *ctx.extra)
             # Anything else that saved a or b for its backward now fails loudly on unpacking
@@ -120,12 +116,4 @@ def register_autograd(names: OpNames) -> None:
             return (a.detach(), b.detach()) + nones
         return tuple(out_of_place(grad_c, a, b, *ctx.extra)) + nones
 
-    def backward(ctx, grad_c):
-        a, b = ctx.saved_tensors
-        write_into_inputs = (ctx.in_place and not torch.is_grad_enabled() and
-                             not torch._C._autograd._get_current_graph_task_keep_graph())
-        # a and b are arguments of `grads` so that once_differentiable sees when they require
-        # grad (under create_graph) and makes a double backward raise its error.
-        return grads(ctx, grad_c, a, b, write_into_inputs)
-
-    torch.library.register_autograd(names.op, backward, setup_context=setup_context)
+    _autograd.register(names.op, backward, setup_context)

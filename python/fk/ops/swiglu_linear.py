@@ -7,9 +7,8 @@ the products through torch.mm (cuBLAS on CUDA)."""
 import math
 
 import torch
-from torch.autograd.function import once_differentiable
 
-from . import _checks as c
+from . import _autograd, _checks as c
 from ._glu import can_write_grads_into_inputs
 
 
@@ -134,15 +133,16 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-@once_differentiable
-def _gradients(ctx, grad_z):
+def _backward(ctx, grad_z, _grad_s, _grad_t):
     x, w_gate, w_up, s, t = ctx.saved_tensors
     need_x, need_wg, need_wu = ctx.needs_input_grad[:3]
     if grad_z is None or not (need_x or need_wg or need_wu):
         return None, None, None, None
     if s is None:  # recompute
         _, s, t = torch.ops.fk._swiglu_linear_forward(x, w_gate, w_up, [False, True])
-    if ctx.write_over_factors and can_write_grads_into_inputs(t, s):
+    # The gate gradients go over the saved (or recomputed) factors only where the backward may
+    # overwrite what it saved and the factors allow it (plain, contiguous, separate tensors).
+    if _autograd.may_overwrite_saved(ctx) and can_write_grads_into_inputs(t, s):
         torch.ops.fk._swiglu_linear_gate_grads_(grad_z, t, s)
         # Anything else that saved s or t for its backward now fails loudly on unpacking
         # instead of reading gradients as if they were activations.
@@ -163,18 +163,4 @@ def _gradients(ctx, grad_z):
     return dx, dwg, dwu, None
 
 
-def _backward(ctx, grad_z, _grad_s, _grad_t):
-    # Decided before once_differentiable turns grad mode off: the gate gradients go over the
-    # saved (or recomputed) factors only when this backward neither retains the graph (a
-    # second backward would read s and t) nor builds a higher-order graph (create_graph),
-    # and the factors allow it (plain, contiguous, separate tensors); else new tensors.
-    ctx.write_over_factors = (not torch.is_grad_enabled()
-                              and not torch._C._autograd._get_current_graph_task_keep_graph())
-    return _gradients(ctx, grad_z)
-
-
-# This is _autograd.register (register_autograd with a backward that runs once: a double
-# backward raises torch's "differentiate twice" error) plus the grad-mode check above, which
-# must run outside once_differentiable's no_grad.
-torch.library.register_autograd("fk::_swiglu_linear_forward", _backward,
-                                setup_context=_setup_context)
+_autograd.register("fk::_swiglu_linear_forward", _backward, _setup_context)
