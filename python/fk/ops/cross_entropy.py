@@ -192,8 +192,7 @@ def raise_when_differentiated(op: str, *grads):
     them raises (python/fk/ops/_autograd.py's guard), even where no grad_output requires
     grad: they depend on a gradient the forward stored, which the internal ops cannot
     differentiate."""
-    out = _autograd._raising(op, grads)
-    return out if isinstance(out, tuple) else (out,)
+    return _autograd._raising(op, grads)
 
 
 def scale_stored_grad(op: str, stored: torch.Tensor, grad_loss: torch.Tensor) -> torch.Tensor:
