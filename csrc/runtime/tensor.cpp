@@ -88,10 +88,12 @@ Tensor view(const Tensor& t, IntArrayRef sizes) {
   if (numel != t.numel() || !t.is_contiguous()) return st::view(t, sizes);
   const Shape strides = contiguous_strides(sizes);
   AtenTensorHandle h = nullptr;
+  // The shim's offset argument is added to t's own storage offset (torch's
+  // _reinterpret_tensor takes an offset increment): 0 keeps the view at t's first element.
   TORCH_ERROR_CODE_CHECK(aoti_torch__reinterpret_tensor(t.get(),
                                                         static_cast<int64_t>(sizes.size()),
                                                         sizes.data(), strides.data(),
-                                                        t.storage_offset(), &h));
+                                                        /*offset_increment=*/0, &h));
   return Tensor(h);
 }
 Tensor reshape(const Tensor& t, IntArrayRef sizes) { return st::reshape(t, sizes); }

@@ -262,6 +262,19 @@ def test_cpu_forward_backward(dtype, option, reduction):
     assert_close(xa.grad, _ref_grad(x, t, kw, g_out), dtype, factor=3, what="grad")
 
 
+def test_cpu_grad_loss_with_a_storage_offset():
+    """A contiguous grad_loss that starts inside its storage (a slice of a larger buffer) is
+    read from its own first element: fk's views keep the storage offset."""
+    x, t, _ = _inputs(6, 40)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    buf = torch.rand(7, generator=torch.Generator().manual_seed(5)) + 0.5
+    g = buf[1:]
+    assert g.storage_offset() == 1 and g.is_contiguous()
+    fk.cross_entropy(xa, t, reduction="none").backward(g)
+    F.cross_entropy(xb, t, reduction="none").backward(g.clone())
+    assert_close(xa.grad, xb.grad, torch.float32, factor=2)
+
+
 def test_cpu_matches_torch_exactly_enough_in_fp32():
     x, t, w = _inputs(16, 1000, ignore=(3, 4))
     t5 = torch.where(t == -100, 5, t)

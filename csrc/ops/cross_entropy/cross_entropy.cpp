@@ -88,7 +88,7 @@ void cross_entropy_rows(const Tensor& logits, const Tensor& grad, const Tensor& 
 void cross_entropy_scale(const Tensor& src, const Tensor& dst, const Tensor& grad_loss) {
   if (src.numel() == 0) return;
   if (src.is_cuda()) return cross_entropy_scale_cuda(src, dst, grad_loss);
-  auto g = grad_loss.dim() == 0 ? grad_loss : aten::view(grad_loss, {-1, 1});
+  auto g = grad_loss.dim() == 0 ? grad_loss : aten::view(grad_loss, {grad_loss.numel(), 1});
   aten::copy_(dst, aten::to(src, grad_loss.scalar_type()) * g);
 }
 
