@@ -257,3 +257,29 @@ def tiny_hf_model(model_type, dtype=torch.float32, seed=0, **overrides):
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     return model.to(dtype)
+
+
+# --- Jensen-Shannon divergence (fk.jsd) ----------------------------------------------------
+
+def ref_jsd(log_q, log_p, shift_labels=None, beta=0.5, ignore_index=-100):
+    """Generalized JSD in float64, as Liger Kernel defines it: with q = exp(log_q) (student)
+    and p = exp(log_p) (teacher), m = beta p + (1 - beta) q, per row beta KL(p || m) +
+    (1 - beta) KL(q || m); beta = 0 is KL(p || q) and beta = 1 is KL(q || p). Rows whose
+    label is ignore_index are left out; the sum over the other rows is divided by their
+    number (0 when there are none)."""
+    x, y = log_q.double(), log_p.double()
+    q, p = x.exp(), y.exp()
+    if beta == 0:
+        per = p * (y - x)
+    elif beta == 1:
+        per = q * (x - y)
+    else:
+        log_m = torch.log(beta * p + (1 - beta) * q)
+        per = beta * p * (y - log_m) + (1 - beta) * q * (x - log_m)
+    rows = per.sum(-1)
+    if shift_labels is None:
+        keep = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+    else:
+        keep = shift_labels.to(x.device) != ignore_index
+    total = torch.where(keep, rows, torch.zeros_like(rows)).sum()
+    return total / keep.sum().clamp(min=1)

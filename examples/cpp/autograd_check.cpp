@@ -336,6 +336,21 @@ void check_cross_entropy() {
   }
 }
 
+void check_jsd() {
+  const at::Tensor x = at::log_softmax(randn({5, 7}), 1);
+  const at::Tensor y = at::log_softmax(randn({5, 7}), 1);
+  const at::Tensor labels = at::tensor({1, 0, -100, 6, 3}, at::kLong);
+  for (const double beta : {0.0, 0.3, 1.0}) {
+    gradcheck("jsd beta=" + std::to_string(beta),
+              [=](const Tensors& t) { return one(fk::jsd(t[0], y, labels, beta)); }, {x},
+              {true});
+  }
+  gradcheck("jsd no labels", [=](const Tensors& t) { return one(fk::jsd(t[0], y)); }, {x},
+            {true});
+  check_double_backward(
+      "jsd", [=](const Tensors& t) { return one(fk::jsd(t[0] * 1.0, y, labels)); }, {x}, 0);
+}
+
 void check_fused_linear_cross_entropy() {
   const at::Tensor x = randn({5, 4}), w = randn({7, 4}), b = 0.1 * randn({7});
   const at::Tensor target = at::tensor({1, 0, -100, 6, 3}, at::kLong);
@@ -377,6 +392,7 @@ int main() {
     check_swiglu_linear();
     check_cross_entropy();
     check_fused_linear_cross_entropy();
+    check_jsd();
   } catch (const std::exception& e) {
     std::printf("FAIL error: %s\n", e.what());
     return 2;

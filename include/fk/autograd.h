@@ -823,6 +823,59 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
   }
 };
 
+// --- jsd: on fk::jsd (a kernel of its own, as in Python: the forward computes the gradient
+// with respect to the input; the target gets none) ------------------------------------------
+
+class JsdFunction : public torch::autograd::Function<JsdFunction> {
+ public:
+  static constexpr const char* kOp = "fk::jsd";
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const at::Tensor& target,
+                               const std::optional<at::Tensor>& shift_labels, double beta,
+                               int64_t ignore_index) {
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [loss, grad] = forward_op(input, target, shift_labels, beta, ignore_index, true);
+    ctx->save_for_backward({grad});
+    return {loss};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(5);
+    if (!grads[0].defined()) return out;
+    at::Tensor grad = ctx->get_saved_variables()[0];
+    // The scaling takes grad_output in float32 (float64 for float64 inputs); the loss, and
+    // so grad_output, has the input's dtype.
+    const auto acc = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    out[0] = detail::scale_stored_grad(kOp, grad, grads[0].to(acc));
+    return out;
+  }
+
+  // The Autograd kernel of fk::jsd.
+  static at::Tensor kernel(const at::Tensor& input, const at::Tensor& target,
+                           const std::optional<at::Tensor>& shift_labels, double beta,
+                           int64_t ignore_index) {
+    if (!at::GradMode::is_enabled() || !input.requires_grad()) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return std::get<0>(forward_op(input, target, shift_labels, beta, ignore_index, false));
+    }
+    return apply(input, target, shift_labels, beta, ignore_index)[0];
+  }
+
+ private:
+  static std::tuple<at::Tensor, at::Tensor> forward_op(
+      const at::Tensor& input, const at::Tensor& target,
+      const std::optional<at::Tensor>& shift_labels, double beta, int64_t ignore_index,
+      bool compute_grad) {
+    static const auto op =
+        detail::op<std::tuple<at::Tensor, at::Tensor>(
+            const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double,
+            int64_t, bool)>("fk::_jsd_forward");
+    return op.call(input, target, shift_labels, beta, ignore_index, compute_grad);
+  }
+};
+
 // --- fused_linear_cross_entropy: on fk::fused_linear_cross_entropy (a kernel of its own, as
 // in Python: the forward computes the gradients) ---------------------------------------------
 //
@@ -985,6 +1038,7 @@ inline void register_kernels(torch::Library& m) {
   m.impl("_swiglu_linear_forward", &SwigluLinearFunction::kernel);
   m.impl("cross_entropy", &CrossEntropyFunction::kernel);
   m.impl("fused_linear_cross_entropy", &FusedLinearCrossEntropyFunction::kernel);
+  m.impl("jsd", &JsdFunction::kernel);
 }
 
 }  // namespace detail
@@ -994,7 +1048,7 @@ inline void register_kernels(torch::Library& m) {
 // Python's fk registers them on:
 //   the public op:        fk::swiglu, fk::geglu, fk::softmax, fk::rope, fk::rope_ (which
 //                         refuses q and k that require grad), fk::cross_entropy,
-//                         fk::fused_linear_cross_entropy;
+//                         fk::fused_linear_cross_entropy, fk::jsd;
 //   the internal forward: fk::_rms_norm_forward, fk::_fused_add_rms_norm_forward,
 //                         fk::_layer_norm_forward, fk::_swiglu_linear_forward (fk::rms_norm,
 //                         fk::fused_add_rms_norm, fk::layer_norm, fk::swiglu_linear are

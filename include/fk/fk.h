@@ -86,6 +86,20 @@ inline at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targ
                              lse_square_scale, softcap, grad_in_logits));
 }
 
+// Generalized Jensen-Shannon divergence (Liger Kernel's JSD) of (BT, V) student
+// log-probabilities `input` and teacher log-probabilities `target`: per row beta KL(p || m)
+// + (1 - beta) KL(q || m), m = beta p + (1 - beta) q (beta 0: KL(p || q), beta 1: KL(q ||
+// p)), summed over the rows whose shift_labels entry is not ignore_index and divided by
+// their number. Returns the 0-dim loss of input's dtype; gradient with respect to input only.
+inline at::Tensor jsd(const at::Tensor& input, const at::Tensor& target,
+                      const std::optional<at::Tensor>& shift_labels = std::nullopt,
+                      double beta = 0.5, int64_t ignore_index = -100) {
+  static const auto op =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, double, int64_t)>("fk::jsd");
+  return op.call(input, target, shift_labels, beta, ignore_index);
+}
+
 // cross_entropy(x @ weight^T + bias, target, ce_weight, ...) without the (N, V) logits:
 // x (N, H), weight (V, H), bias (V,); chunk_size rows at a time (from the shapes when
 // unset); grad_weight / grad_bias summed in accum_dtype (default: the weight's dtype).
