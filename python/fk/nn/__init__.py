@@ -3,6 +3,7 @@ from .cross_entropy import CrossEntropyLoss
 from .fused_add_rms_norm import FusedAddRMSNorm
 from .fused_linear_cross_entropy import FusedLinearCrossEntropyLoss
 from .geglu import GEGLUMLP
+from .kl_div import KLDivLoss
 from .layer_norm import LayerNorm
 from .rms_norm import RMSNorm
 from .softmax import Softmax
@@ -10,4 +11,5 @@ from .swiglu import SwiGLUMLP
 from .swiglu_linear import FusedSwiGLU, FusedSwiGLUMLP
 
 __all__ = ["CrossEntropyLoss", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss", "GEGLUMLP",
-           "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP"]
+           "KLDivLoss", "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU",
+           "FusedSwiGLUMLP"]
