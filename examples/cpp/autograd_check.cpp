@@ -349,6 +349,35 @@ void check_jsd() {
             {true});
   check_double_backward(
       "jsd", [=](const Tensors& t) { return one(fk::jsd(t[0] * 1.0, y, labels)); }, {x}, 0);
+void check_kl_div() {
+  const at::Tensor input = at::log_softmax(randn({5, 7}), -1);
+  const at::Tensor target = at::softmax(randn({5, 7}), -1);
+  for (const char* reduction : {"batchmean", "sum", "mean", "none"}) {
+    for (const bool log_target : {false, true}) {
+      const at::Tensor t = log_target ? at::log(target) : target;
+      gradcheck(std::string("kl_div reduction=") + reduction +
+                    (log_target ? " log_target" : ""),
+                [=](const Tensors& x) { return one(fk::kl_div(x[0], t, reduction, log_target)); },
+                {input}, {true});
+    }
+  }
+  for (const char* reduction : {"batchmean", "none"}) {
+    check_double_backward(
+        std::string("kl_div reduction=") + reduction,
+        [=](const Tensors& x) { return one(fk::kl_div(x[0] * 1.0, target, reduction)); },
+        {input}, 0);
+  }
+  const std::string what = "kl_div refuses a target that requires grad";
+  try {
+    fk::kl_div(input.clone().requires_grad_(true), target.clone().requires_grad_(true));
+    fail(what, "no error");
+  } catch (const std::exception& e) {
+    if (std::string(e.what()).find("target requires grad") == std::string::npos) {
+      fail(what, e.what());
+    } else {
+      ok(what);
+    }
+  }
 }
 
 void check_fused_linear_cross_entropy() {
@@ -393,6 +422,7 @@ int main() {
     check_cross_entropy();
     check_fused_linear_cross_entropy();
     check_jsd();
+    check_kl_div();
   } catch (const std::exception& e) {
     std::printf("FAIL error: %s\n", e.what());
     return 2;

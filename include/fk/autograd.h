@@ -839,6 +839,24 @@ class JsdFunction : public torch::autograd::Function<JsdFunction> {
     auto [loss, grad] = forward_op(input, target, shift_labels, beta, ignore_index, true);
     ctx->save_for_backward({grad});
     return {loss};
+// --- kl_div: on fk::kl_div (a kernel of its own, as in Python: for a reduction the forward
+// computes the gradient, which the backward scales with cross entropy's scaling op) ----------
+
+class KlDivFunction : public torch::autograd::Function<KlDivFunction> {
+ public:
+  static constexpr const char* kOp = "fk::kl_div";
+
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& target, c10::string_view reduction,
+                            bool log_target, double eps) {
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [loss, grad] = forward_op(input, target, reduction, log_target, eps, true);
+    const bool none = reduction == c10::string_view("none");
+    ctx->saved_data["none"] = none;
+    ctx->saved_data["log_target"] = log_target;
+    ctx->save_for_backward({none ? target : grad});
+    return loss;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -873,6 +891,52 @@ class JsdFunction : public torch::autograd::Function<JsdFunction> {
             const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double,
             int64_t, bool)>("fk::_jsd_forward");
     return op.call(input, target, shift_labels, beta, ignore_index, compute_grad);
+    const at::Tensor saved = ctx->get_saved_variables()[0];
+    if (!ctx->saved_data["none"].toBool()) {
+      // The stored gradient in the (rows, last dim) form the scaling op takes.
+      int64_t n = 1;
+      for (int64_t d = 0; d + 1 < saved.dim(); ++d) n *= saved.size(d);
+      const at::Tensor rows = saved.dim() == 0 ? saved.view({1, 1})
+                                               : saved.view({n, saved.size(-1)});
+      out[0] = detail::scale_stored_grad(kOp, rows, grads[0]).view(saved.sizes());
+      return out;
+    }
+    const bool log_target = ctx->saved_data["log_target"].toBool();
+    static const auto backward_op =
+        detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, bool)>(
+            "fk::_kl_div_backward");
+    out[0] = detail::once_differentiable(kOp, grads, {}, [&](bool) {
+      at::AutoDispatchBelowADInplaceOrView below;
+      return variable_list{backward_op.call(grads[0], saved, log_target)};
+    })[0];
+    return out;
+  }
+
+  // The Autograd kernel of fk::kl_div.
+  static at::Tensor kernel(const at::Tensor& input, const at::Tensor& target,
+                           c10::string_view reduction, bool log_target, double eps) {
+    TORCH_CHECK(!(at::GradMode::is_enabled() && target.requires_grad()), kOp,
+                ": target requires grad, but fk differentiates kl_div with respect to input "
+                "only; pass target.detach() (or use torch.nn.functional.kl_div for a gradient "
+                "with respect to target)");
+    if (!at::GradMode::is_enabled() || !input.requires_grad()) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return std::get<0>(forward_op(input, target, reduction, log_target, eps, false));
+    }
+    return apply(input, target, reduction, log_target, eps);
+  }
+
+ private:
+  static std::tuple<at::Tensor, at::Tensor> forward_op(const at::Tensor& input,
+                                                       const at::Tensor& target,
+                                                       c10::string_view reduction,
+                                                       bool log_target, double eps,
+                                                       bool compute_grad) {
+    static const auto op =
+        detail::op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                      c10::string_view, bool, double, bool)>(
+            "fk::_kl_div_forward");
+    return op.call(input, target, reduction, log_target, eps, compute_grad);
   }
 };
 
@@ -1039,6 +1103,7 @@ inline void register_kernels(torch::Library& m) {
   m.impl("cross_entropy", &CrossEntropyFunction::kernel);
   m.impl("fused_linear_cross_entropy", &FusedLinearCrossEntropyFunction::kernel);
   m.impl("jsd", &JsdFunction::kernel);
+  m.impl("kl_div", &KlDivFunction::kernel);
 }
 
 }  // namespace detail
@@ -1049,6 +1114,8 @@ inline void register_kernels(torch::Library& m) {
 //   the public op:        fk::swiglu, fk::geglu, fk::softmax, fk::rope, fk::rope_ (which
 //                         refuses q and k that require grad), fk::cross_entropy,
 //                         fk::fused_linear_cross_entropy, fk::jsd;
+//                         fk::fused_linear_cross_entropy, fk::kl_div (which refuses a
+//                         target that requires grad);
 //   the internal forward: fk::_rms_norm_forward, fk::_fused_add_rms_norm_forward,
 //                         fk::_layer_norm_forward, fk::_swiglu_linear_forward (fk::rms_norm,
 //                         fk::fused_add_rms_norm, fk::layer_norm, fk::swiglu_linear are

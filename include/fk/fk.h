@@ -98,6 +98,19 @@ inline at::Tensor jsd(const at::Tensor& input, const at::Tensor& target,
       detail::op<at::Tensor(const at::Tensor&, const at::Tensor&,
                             const std::optional<at::Tensor>&, double, int64_t)>("fk::jsd");
   return op.call(input, target, shift_labels, beta, ignore_index);
+// torch.nn.functional.kl_div(input, target, reduction, log_target) with the target clamped
+// to at least eps before its log (t * log(t) = 0 where t == 0): input log-probabilities,
+// target probabilities (log-probabilities with log_target) of the same shape and dtype;
+// reduction "none" / "sum" / "mean" / "batchmean" (note the default). A reduction returns a
+// float32 scalar; "none" the pointwise losses. Differentiable in input only (a target that
+// requires grad raises).
+inline at::Tensor kl_div(const at::Tensor& input, const at::Tensor& target,
+                         const std::string& reduction = "batchmean", bool log_target = false,
+                         double eps = 1e-10) {
+  static const auto op =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view, bool,
+                            double)>("fk::kl_div");
+  return op.call(input, target, reduction, log_target, eps);
 }
 
 // cross_entropy(x @ weight^T + bias, target, ce_weight, ...) without the (N, V) logits:

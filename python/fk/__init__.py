@@ -22,6 +22,7 @@ from .ops.fused_add_rms_norm import fused_add_rms_norm  # noqa: E402
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from .ops.geglu import geglu  # noqa: E402
 from .ops.jsd import jsd  # noqa: E402
+from .ops.kl_div import kl_div  # noqa: E402
 from .ops.layer_norm import layer_norm  # noqa: E402
 from .ops.rms_norm import rms_norm  # noqa: E402
 from .ops.rope import rope, rope_  # noqa: E402
@@ -36,6 +37,7 @@ cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
 __all__ = ["cross_entropy", "fused_add_rms_norm", "fused_linear_cross_entropy", "geglu",
            "jsd", "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu",
+           "kl_div", "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu",
            "swiglu_linear",
            "nn", "build_info", "cmake_prefix_path"]
 

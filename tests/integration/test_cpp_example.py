@@ -43,6 +43,7 @@ SCRIPT_CHECKS = ["torchscript forward vs C++ reference", "torchscript forward vs
 AUTOGRAD_OPS = ["swiglu", "geglu", "rms_norm", "fused_add_rms_norm", "layer_norm", "softmax",
                 "rope", "swiglu_linear", "cross_entropy", "fused_linear_cross_entropy",
                 "jsd"]
+                "kl_div"]
 
 
 def _tool(name: str) -> str:
@@ -173,5 +174,6 @@ def test_autograd_formulas(autograd_check_binary):
             op, _output(proc))
     for line in ("rope_ refuses q and k that require grad",
                  "swiglu backward_in_place writes into a and b",
-                 "cross_entropy grad_in_logits writes the gradient into the logits"):
+                 "cross_entropy grad_in_logits writes the gradient into the logits",
+                 "kl_div refuses a target that requires grad"):
         assert line in ok, _output(proc)

@@ -4,6 +4,7 @@ from .fused_add_rms_norm import FusedAddRMSNorm
 from .fused_linear_cross_entropy import FusedLinearCrossEntropyLoss
 from .geglu import GEGLUMLP
 from .jsd import JSD
+from .kl_div import KLDivLoss
 from .layer_norm import LayerNorm
 from .rms_norm import RMSNorm
 from .softmax import Softmax
@@ -13,3 +14,5 @@ from .swiglu_linear import FusedSwiGLU, FusedSwiGLUMLP
 __all__ = ["CrossEntropyLoss", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss", "GEGLUMLP",
            "JSD",
            "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP"]
+           "KLDivLoss", "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU",
+           "FusedSwiGLUMLP"]
