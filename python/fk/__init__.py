@@ -27,6 +27,7 @@ from .ops.rope import rope, rope_  # noqa: E402
 from .ops.softmax import softmax  # noqa: E402
 from .ops.swiglu import swiglu  # noqa: E402
 from .ops.swiglu_linear import swiglu_linear  # noqa: E402
+from .ops.tvd import tvd  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -35,7 +36,7 @@ cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
 __all__ = ["cross_entropy", "fused_add_rms_norm", "fused_linear_cross_entropy", "geglu",
            "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu", "swiglu_linear",
-           "nn", "build_info", "cmake_prefix_path"]
+           "tvd", "nn", "build_info", "cmake_prefix_path"]
 
 
 def __getattr__(name):
