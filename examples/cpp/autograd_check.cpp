@@ -408,6 +408,21 @@ void check_fused_linear_cross_entropy() {
   }
 }
 
+void check_tvd() {
+  // Random p and q never tie (the loss is linear in p between ties).
+  const at::Tensor p = randn({5, 7}), q = randn({5, 7});
+  const at::Tensor labels = at::tensor({1, 0, -100, 6, 3}, at::kLong);
+  for (const char* reduction : {"batchmean", "mean", "sum", "none"}) {
+    gradcheck(std::string("tvd reduction=") + reduction,
+              [=](const Tensors& t) { return one(fk::tvd(t[0], q, labels, reduction)); }, {p},
+              {true});
+  }
+  gradcheck("tvd without labels", [=](const Tensors& t) { return one(fk::tvd(t[0], q)); },
+            {p}, {true});
+  check_double_backward(
+      "tvd", [=](const Tensors& t) { return one(fk::tvd(t[0] * 1.0, q, labels)); }, {p}, 0);
+}
+
 }  // namespace
 
 int main() {
@@ -423,6 +438,7 @@ int main() {
     check_fused_linear_cross_entropy();
     check_jsd();
     check_kl_div();
+    check_tvd();
   } catch (const std::exception& e) {
     std::printf("FAIL error: %s\n", e.what());
     return 2;

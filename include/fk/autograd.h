@@ -857,6 +857,21 @@ class KlDivFunction : public torch::autograd::Function<KlDivFunction> {
     ctx->saved_data["log_target"] = log_target;
     ctx->save_for_backward({none ? target : grad});
     return loss;
+// --- tvd: on fk::tvd (a kernel of its own, as in Python: the forward computes the gradient
+// with respect to p into a new buffer; q gets none) ---------------------------------------------
+
+class TvdFunction : public torch::autograd::Function<TvdFunction> {
+ public:
+  static constexpr const char* kOp = "fk::tvd";
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& p, const at::Tensor& q,
+                               const std::optional<at::Tensor>& shift_labels,
+                               c10::string_view reduction, int64_t ignore_index) {
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [loss, grad] = forward_op(p, q, shift_labels, reduction, ignore_index, true);
+    ctx->save_for_backward({grad});
+    return {loss};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -937,6 +952,53 @@ class KlDivFunction : public torch::autograd::Function<KlDivFunction> {
                                                       c10::string_view, bool, double, bool)>(
             "fk::_kl_div_forward");
     return op.call(input, target, reduction, log_target, eps, compute_grad);
+    at::Tensor stored = ctx->get_saved_variables()[0];
+    static const auto scaled =
+        detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fk::_tvd_backward");
+    if (at::GradMode::is_enabled()) {  // create_graph
+      at::Tensor g;
+      {
+        at::NoGradGuard no_grad;
+        at::AutoDispatchBelowADInplaceOrView guard;
+        g = scaled.call(stored, grads[0]);
+      }
+      out[0] = detail::raise_when_differentiated(kOp, {g})[0];
+      return out;
+    }
+    at::AutoDispatchBelowADInplaceOrView guard;
+    if (!torch::autograd::get_current_graph_task_keep_graph() && stored.is_contiguous() &&
+        detail::plain_eager({&stored, &grads[0]})) {
+      static const auto in_place =
+          detail::op<void(at::Tensor&, const at::Tensor&)>("fk::_tvd_backward_");
+      in_place.call(stored, grads[0]);
+      detail::bump_version(stored);
+      out[0] = stored.detach();
+    } else {
+      out[0] = scaled.call(stored, grads[0]);
+    }
+    return out;
+  }
+
+  // The Autograd kernel of fk::tvd.
+  static at::Tensor kernel(const at::Tensor& p, const at::Tensor& q,
+                           const std::optional<at::Tensor>& shift_labels,
+                           c10::string_view reduction, int64_t ignore_index) {
+    if (!at::GradMode::is_enabled() || !p.requires_grad()) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return std::get<0>(forward_op(p, q, shift_labels, reduction, ignore_index, false));
+    }
+    return apply(p, q, shift_labels, reduction, ignore_index)[0];
+  }
+
+ private:
+  static std::tuple<at::Tensor, at::Tensor> forward_op(
+      const at::Tensor& p, const at::Tensor& q, const std::optional<at::Tensor>& shift_labels,
+      c10::string_view reduction, int64_t ignore_index, bool compute_grad) {
+    static const auto op =
+        detail::op<std::tuple<at::Tensor, at::Tensor>(
+            const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+            c10::string_view, int64_t, bool)>("fk::_tvd_forward");
+    return op.call(p, q, shift_labels, reduction, ignore_index, compute_grad);
   }
 };
 
@@ -1104,6 +1166,7 @@ inline void register_kernels(torch::Library& m) {
   m.impl("fused_linear_cross_entropy", &FusedLinearCrossEntropyFunction::kernel);
   m.impl("jsd", &JsdFunction::kernel);
   m.impl("kl_div", &KlDivFunction::kernel);
+  m.impl("tvd", &TvdFunction::kernel);
 }
 
 }  // namespace detail
@@ -1116,6 +1179,7 @@ inline void register_kernels(torch::Library& m) {
 //                         fk::fused_linear_cross_entropy, fk::jsd;
 //                         fk::fused_linear_cross_entropy, fk::kl_div (which refuses a
 //                         target that requires grad);
+//                         fk::fused_linear_cross_entropy, fk::tvd;
 //   the internal forward: fk::_rms_norm_forward, fk::_fused_add_rms_norm_forward,
 //                         fk::_layer_norm_forward, fk::_swiglu_linear_forward (fk::rms_norm,
 //                         fk::fused_add_rms_norm, fk::layer_norm, fk::swiglu_linear are

@@ -134,6 +134,20 @@ inline at::Tensor fused_linear_cross_entropy(
                              reduction, lse_square_scale, softcap, chunk_size, accum_dtype));
 }
 
+// Total variation distance 0.5 * |p - q| between (BT, V) probabilities p and q (one dtype),
+// as Liger Kernel's LigerTVDLoss: rows whose shift_labels (BT,) int64 equal ignore_index
+// contribute 0 and are not counted; reduction "none" ((BT, V)), "sum", "mean" (/ (n * V)) or
+// "batchmean" (/ n). Returns the float32 loss; the gradient flows to p only.
+inline at::Tensor tvd(const at::Tensor& p, const at::Tensor& q,
+                      const std::optional<at::Tensor>& shift_labels = std::nullopt,
+                      const std::string& reduction = "batchmean", int64_t ignore_index = -100) {
+  static const auto op =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, c10::string_view, int64_t)>(
+          "fk::tvd");
+  return op.call(p, q, shift_labels, reduction, ignore_index);
+}
+
 // A line describing the loaded libfk: fk version, the torch it was built against and the
 // oldest it runs on, the GPU archs (torch.ops.fk._build_info, as fk.build_info() in Python).
 inline std::string build_info() {

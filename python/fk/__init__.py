@@ -29,6 +29,7 @@ from .ops.rope import rope, rope_  # noqa: E402
 from .ops.softmax import softmax  # noqa: E402
 from .ops.swiglu import swiglu  # noqa: E402
 from .ops.swiglu_linear import swiglu_linear  # noqa: E402
+from .ops.tvd import tvd  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,8 @@ __all__ = ["cross_entropy", "fused_add_rms_norm", "fused_linear_cross_entropy", 
            "kl_div", "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu",
            "swiglu_linear",
            "nn", "build_info", "cmake_prefix_path"]
+           "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu", "swiglu_linear",
+           "tvd", "nn", "build_info", "cmake_prefix_path"]
 
 
 def __getattr__(name):

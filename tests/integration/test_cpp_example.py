@@ -44,6 +44,7 @@ AUTOGRAD_OPS = ["swiglu", "geglu", "rms_norm", "fused_add_rms_norm", "layer_norm
                 "rope", "swiglu_linear", "cross_entropy", "fused_linear_cross_entropy",
                 "jsd"]
                 "kl_div"]
+                "tvd"]
 
 
 def _tool(name: str) -> str:

@@ -10,9 +10,12 @@ from .rms_norm import RMSNorm
 from .softmax import Softmax
 from .swiglu import SwiGLUMLP
 from .swiglu_linear import FusedSwiGLU, FusedSwiGLUMLP
+from .tvd import TVDLoss
 
 __all__ = ["CrossEntropyLoss", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss", "GEGLUMLP",
            "JSD",
            "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP"]
            "KLDivLoss", "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU",
            "FusedSwiGLUMLP"]
+           "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP",
+           "TVDLoss"]
