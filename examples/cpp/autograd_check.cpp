@@ -364,6 +364,26 @@ void check_fused_linear_cross_entropy() {
   }
 }
 
+void check_fused_linear_jsd() {
+  const at::Tensor xs = randn({5, 4}), ws = randn({7, 4}), xt = randn({5, 3}), wt = randn({7, 3});
+  const at::Tensor labels = at::tensor({1, 0, -100, 6, 3}, at::kLong);
+  for (const double beta : {0.0, 0.5, 1.0}) {
+    gradcheck("fused_linear_jsd beta=" + std::to_string(beta),
+              [=](const Tensors& t) {
+                return one(fk::fused_linear_jsd(t[0], t[1], xt, wt, labels, beta, -100, 1.5,
+                                                /*chunk_size=*/2));
+              },
+              {xs, ws}, {true, true});
+  }
+  gradcheck("fused_linear_jsd frozen weight",
+            [=](const Tensors& t) { return one(fk::fused_linear_jsd(t[0], t[1], xt, wt)); },
+            {xs, ws}, {true, false});
+  check_double_backward(
+      "fused_linear_jsd",
+      [=](const Tensors& t) { return one(fk::fused_linear_jsd(t[0], t[1], xt, wt, labels)); },
+      {xs, ws}, 0);
+}
+
 }  // namespace
 
 int main() {
@@ -377,6 +397,7 @@ int main() {
     check_swiglu_linear();
     check_cross_entropy();
     check_fused_linear_cross_entropy();
+    check_fused_linear_jsd();
   } catch (const std::exception& e) {
     std::printf("FAIL error: %s\n", e.what());
     return 2;

@@ -2,6 +2,7 @@
 from .cross_entropy import CrossEntropyLoss
 from .fused_add_rms_norm import FusedAddRMSNorm
 from .fused_linear_cross_entropy import FusedLinearCrossEntropyLoss
+from .fused_linear_jsd import FusedLinearJSD
 from .geglu import GEGLUMLP
 from .layer_norm import LayerNorm
 from .rms_norm import RMSNorm
@@ -9,5 +10,6 @@ from .softmax import Softmax
 from .swiglu import SwiGLUMLP
 from .swiglu_linear import FusedSwiGLU, FusedSwiGLUMLP
 
-__all__ = ["CrossEntropyLoss", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss", "GEGLUMLP",
+__all__ = ["CrossEntropyLoss", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss", "FusedLinearJSD",
+           "GEGLUMLP",
            "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP"]
