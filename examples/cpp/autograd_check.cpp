@@ -421,6 +421,24 @@ void check_tvd() {
             {p}, {true});
   check_double_backward(
       "tvd", [=](const Tensors& t) { return one(fk::tvd(t[0] * 1.0, q, labels)); }, {p}, 0);
+void check_fused_linear_jsd() {
+  const at::Tensor xs = randn({5, 4}), ws = randn({7, 4}), xt = randn({5, 3}), wt = randn({7, 3});
+  const at::Tensor labels = at::tensor({1, 0, -100, 6, 3}, at::kLong);
+  for (const double beta : {0.0, 0.5, 1.0}) {
+    gradcheck("fused_linear_jsd beta=" + std::to_string(beta),
+              [=](const Tensors& t) {
+                return one(fk::fused_linear_jsd(t[0], t[1], xt, wt, labels, beta, -100, 1.5,
+                                                /*chunk_size=*/2));
+              },
+              {xs, ws}, {true, true});
+  }
+  gradcheck("fused_linear_jsd frozen weight",
+            [=](const Tensors& t) { return one(fk::fused_linear_jsd(t[0], t[1], xt, wt)); },
+            {xs, ws}, {true, false});
+  check_double_backward(
+      "fused_linear_jsd",
+      [=](const Tensors& t) { return one(fk::fused_linear_jsd(t[0], t[1], xt, wt, labels)); },
+      {xs, ws}, 0);
 }
 
 }  // namespace
@@ -439,6 +457,7 @@ int main() {
     check_jsd();
     check_kl_div();
     check_tvd();
+    check_fused_linear_jsd();
   } catch (const std::exception& e) {
     std::printf("FAIL error: %s\n", e.what());
     return 2;

@@ -1149,6 +1149,82 @@ class FusedLinearCrossEntropyFunction
 };
 
 
+// --- fused_linear_jsd: on fk::fused_linear_jsd (as in Python: the forward computes the
+// gradients of the student's input and weight for a grad_output of 1, only those in
+// grad_mask, and keeps them; the backward scales them by grad_output). The teacher gets no
+// gradient. ------------------------------------------------------------------------------
+
+class FusedLinearJsdFunction : public torch::autograd::Function<FusedLinearJsdFunction> {
+ public:
+  static constexpr const char* kOp = "fk::fused_linear_jsd";
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& student_input,
+                               const at::Tensor& student_weight,
+                               const at::Tensor& teacher_input,
+                               const at::Tensor& teacher_weight,
+                               const std::optional<at::Tensor>& shift_labels, double beta,
+                               int64_t ignore_index, double temperature,
+                               std::optional<int64_t> chunk_size,
+                               std::array<bool, 2> grad_mask) {
+    ctx->set_materialize_grads(false);
+    at::Tensor loss, gx, gw;
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      std::tie(loss, gx, gw) =
+          forward_op(student_input, student_weight, teacher_input, teacher_weight,
+                     shift_labels, beta, ignore_index, temperature, chunk_size, grad_mask);
+    }
+    ctx->save_for_backward({gx, gw});
+    return {loss};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(10);
+    const at::Tensor& g = grads[0];
+    if (!g.defined()) return out;
+    auto saved = ctx->get_saved_variables();
+    if (saved[0].defined()) out[0] = detail::scale_stored_grad(kOp, saved[0], g);
+    if (saved[1].defined()) out[1] = detail::scale_stored_grad(kOp, saved[1], g);
+    return out;
+  }
+
+  // The Autograd kernel of fk::fused_linear_jsd.
+  static at::Tensor kernel(const at::Tensor& student_input, const at::Tensor& student_weight,
+                           const at::Tensor& teacher_input, const at::Tensor& teacher_weight,
+                           const std::optional<at::Tensor>& shift_labels, double beta,
+                           int64_t ignore_index, double temperature,
+                           std::optional<int64_t> chunk_size) {
+    const bool grad_mode = at::GradMode::is_enabled();
+    const std::array<bool, 2> mask = {grad_mode && student_input.requires_grad(),
+                                      grad_mode && student_weight.requires_grad()};
+    if (!mask[0] && !mask[1]) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return std::get<0>(forward_op(student_input, student_weight, teacher_input,
+                                    teacher_weight, shift_labels, beta, ignore_index,
+                                    temperature, chunk_size, {false, false}));
+    }
+    return apply(student_input, student_weight, teacher_input, teacher_weight, shift_labels,
+                 beta, ignore_index, temperature, chunk_size, mask)[0];
+  }
+
+ private:
+  using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+  static Forward forward_op(const at::Tensor& student_input, const at::Tensor& student_weight,
+                            const at::Tensor& teacher_input, const at::Tensor& teacher_weight,
+                            const std::optional<at::Tensor>& shift_labels, double beta,
+                            int64_t ignore_index, double temperature,
+                            std::optional<int64_t> chunk_size, std::array<bool, 2> grad_mask) {
+    static const auto op =
+        detail::op<Forward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const at::Tensor&, const std::optional<at::Tensor>&, double, int64_t,
+                           double, std::optional<int64_t>, std::array<bool, 2>)>(
+            "fk::_fused_linear_jsd_forward");
+    return op.call(student_input, student_weight, teacher_input, teacher_weight, shift_labels,
+                   beta, ignore_index, temperature, chunk_size, grad_mask);
+  }
+};
+
 namespace detail {
 
 // The Autograd kernels, on the operators Python registers its formulas on.
@@ -1167,6 +1243,7 @@ inline void register_kernels(torch::Library& m) {
   m.impl("jsd", &JsdFunction::kernel);
   m.impl("kl_div", &KlDivFunction::kernel);
   m.impl("tvd", &TvdFunction::kernel);
+  m.impl("fused_linear_jsd", &FusedLinearJsdFunction::kernel);
 }
 
 }  // namespace detail
@@ -1180,6 +1257,7 @@ inline void register_kernels(torch::Library& m) {
 //                         fk::fused_linear_cross_entropy, fk::kl_div (which refuses a
 //                         target that requires grad);
 //                         fk::fused_linear_cross_entropy, fk::tvd;
+//                         fk::fused_linear_cross_entropy, fk::fused_linear_jsd;
 //   the internal forward: fk::_rms_norm_forward, fk::_fused_add_rms_norm_forward,
 //                         fk::_layer_norm_forward, fk::_swiglu_linear_forward (fk::rms_norm,
 //                         fk::fused_add_rms_norm, fk::layer_norm, fk::swiglu_linear are

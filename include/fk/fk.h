@@ -146,6 +146,27 @@ inline at::Tensor tvd(const at::Tensor& p, const at::Tensor& q,
                             const std::optional<at::Tensor>&, c10::string_view, int64_t)>(
           "fk::tvd");
   return op.call(p, q, shift_labels, reduction, ignore_index);
+// The generalized Jensen-Shannon divergence between a student's and a frozen teacher's heads
+// without their logits: log_softmax(student_input @ student_weight^T / temperature) (log q)
+// against log_softmax(teacher_input @ teacher_weight^T / temperature) (log p), beta *
+// KL(p || m) + (1 - beta) * KL(q || m) with m = beta p + (1 - beta) q (beta 0: KL(p || q),
+// beta 1: KL(q || p)), summed over rows whose shift_labels are not ignore_index and divided
+// by their number. student_input (N, H), student_weight (V, H), teacher_input (N, H'),
+// teacher_weight (V, H'); differentiable in the student's input and weight only.
+inline at::Tensor fused_linear_jsd(const at::Tensor& student_input,
+                                   const at::Tensor& student_weight,
+                                   const at::Tensor& teacher_input,
+                                   const at::Tensor& teacher_weight,
+                                   const std::optional<at::Tensor>& shift_labels = std::nullopt,
+                                   double beta = 0.5, int64_t ignore_index = -100,
+                                   double temperature = 1.0,
+                                   std::optional<int64_t> chunk_size = std::nullopt) {
+  static const auto op =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&, const std::optional<at::Tensor>&, double,
+                            int64_t, double, std::optional<int64_t>)>("fk::fused_linear_jsd");
+  return op.call(student_input, student_weight, teacher_input, teacher_weight, shift_labels,
+                 beta, ignore_index, temperature, chunk_size);
 }
 
 // A line describing the loaded libfk: fk version, the torch it was built against and the

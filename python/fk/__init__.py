@@ -20,6 +20,7 @@ from . import nn  # noqa: E402
 from .ops.cross_entropy import cross_entropy  # noqa: E402
 from .ops.fused_add_rms_norm import fused_add_rms_norm  # noqa: E402
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
+from .ops.fused_linear_jsd import fused_linear_jsd  # noqa: E402
 from .ops.geglu import geglu  # noqa: E402
 from .ops.jsd import jsd  # noqa: E402
 from .ops.kl_div import kl_div  # noqa: E402
@@ -40,6 +41,9 @@ __all__ = ["cross_entropy", "fused_add_rms_norm", "fused_linear_cross_entropy", 
            "jsd", "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu",
            "kl_div", "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu",
            "swiglu_linear",
+__all__ = ["cross_entropy", "fused_add_rms_norm", "fused_linear_cross_entropy",
+           "fused_linear_jsd", "geglu", "layer_norm", "rms_norm", "rope", "rope_", "softmax",
+           "swiglu", "swiglu_linear",
            "nn", "build_info", "cmake_prefix_path"]
            "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu", "swiglu_linear",
            "tvd", "nn", "build_info", "cmake_prefix_path"]

@@ -45,6 +45,7 @@ AUTOGRAD_OPS = ["swiglu", "geglu", "rms_norm", "fused_add_rms_norm", "layer_norm
                 "jsd"]
                 "kl_div"]
                 "tvd"]
+                "fused_linear_jsd"]
 
 
 def _tool(name: str) -> str:

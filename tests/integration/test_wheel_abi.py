@@ -223,10 +223,13 @@ def _composite_calls():
         ("fused_linear_cross_entropy",
          lambda: torch.ops.fk.fused_linear_cross_entropy(f(2, 8), f(5, 7), f(2, dtype=i64)),
          r"^fk::fused_linear_cross_entropy: weight must have shape"),
+        ("fused_linear_jsd",
+         lambda: torch.ops.fk.fused_linear_jsd(f(2, 8), f(5, 8), f(2, 6), f(4, 6)),
+         r"^fk::fused_linear_jsd: teacher_weight must have shape"),
     ]
 
 
-@pytest.mark.parametrize("index", range(6))
+@pytest.mark.parametrize("index", range(7))
 def test_composite_ops_raise_their_own_messages(index):
     """The public ops whose C++ kernel calls an internal one through the stable dispatcher
     (as TorchScript and C++ programs call them): a mistake raises fk's message, not the

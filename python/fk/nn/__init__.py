@@ -2,6 +2,7 @@
 from .cross_entropy import CrossEntropyLoss
 from .fused_add_rms_norm import FusedAddRMSNorm
 from .fused_linear_cross_entropy import FusedLinearCrossEntropyLoss
+from .fused_linear_jsd import FusedLinearJSD
 from .geglu import GEGLUMLP
 from .jsd import JSD
 from .kl_div import KLDivLoss
@@ -14,6 +15,8 @@ from .tvd import TVDLoss
 
 __all__ = ["CrossEntropyLoss", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss", "GEGLUMLP",
            "JSD",
+__all__ = ["CrossEntropyLoss", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss", "FusedLinearJSD",
+           "GEGLUMLP",
            "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP"]
            "KLDivLoss", "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU",
            "FusedSwiGLUMLP"]
