@@ -18,10 +18,12 @@ load_library()
 
 from . import nn  # noqa: E402
 from .ops.cross_entropy import cross_entropy  # noqa: E402
+from .ops.dyt import dyt  # noqa: E402
 from .ops.fused_add_rms_norm import fused_add_rms_norm  # noqa: E402
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from .ops.geglu import geglu  # noqa: E402
 from .ops.layer_norm import layer_norm  # noqa: E402
+from .ops.poly_norm import poly_norm  # noqa: E402
 from .ops.rms_norm import rms_norm  # noqa: E402
 from .ops.rope import rope, rope_  # noqa: E402
 from .ops.softmax import softmax  # noqa: E402
@@ -33,9 +35,9 @@ __version__ = "0.1.0"
 #: Pass to CMake (CMAKE_PREFIX_PATH) so that ``find_package(fk)`` finds this installation.
 cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
-__all__ = ["cross_entropy", "fused_add_rms_norm", "fused_linear_cross_entropy", "geglu",
-           "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu", "swiglu_linear",
-           "nn", "build_info", "cmake_prefix_path"]
+__all__ = ["cross_entropy", "dyt", "fused_add_rms_norm", "fused_linear_cross_entropy",
+           "geglu", "layer_norm", "poly_norm", "rms_norm", "rope", "rope_", "softmax",
+           "swiglu", "swiglu_linear", "nn", "build_info", "cmake_prefix_path"]
 
 
 def __getattr__(name):

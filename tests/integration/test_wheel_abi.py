@@ -223,10 +223,12 @@ def _composite_calls():
         ("fused_linear_cross_entropy",
          lambda: torch.ops.fk.fused_linear_cross_entropy(f(2, 8), f(5, 7), f(2, dtype=i64)),
          r"^fk::fused_linear_cross_entropy: weight must have shape"),
+        ("poly_norm", lambda: torch.ops.fk.poly_norm(f(2, 8), f(4), f(1)),
+         r"^fk::poly_norm: weight must have shape \(3,\)"),
     ]
 
 
-@pytest.mark.parametrize("index", range(6))
+@pytest.mark.parametrize("index", range(7))
 def test_composite_ops_raise_their_own_messages(index):
     """The public ops whose C++ kernel calls an internal one through the stable dispatcher
     (as TorchScript and C++ programs call them): a mistake raises fk's message, not the
