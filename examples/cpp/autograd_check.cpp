@@ -215,6 +215,26 @@ void check_norms() {
   check_double_backward("layer_norm", ln, {x, w, b}, 0);
 }
 
+void check_dyt() {
+  const at::Tensor x = 2.0 * randn({2, 3, 6}), a = 0.7 + 0.1 * randn({1}), g = randn({6}),
+                   b = randn({6});
+  auto full = [](const Tensors& t) { return one(fk::dyt(t[0], t[1], t[2], t[3])); };
+  gradcheck("dyt", full, {x, a, g, b}, {true, true, true, true});
+  gradcheck("dyt frozen x and beta", full, {x, a, g, b}, {false, true, true, false});
+  gradcheck("dyt without beta",
+            [](const Tensors& t) { return one(fk::dyt(t[0], t[1], t[2])); }, {x, a, g},
+            {true, true, true});
+  check_double_backward("dyt", full, {x, a, g, b}, 0);
+}
+
+void check_poly_norm() {
+  const at::Tensor x = randn({2, 3, 6}), w = 0.3 + 0.3 * randn({3}), b = randn({1});
+  auto full = [](const Tensors& t) { return one(fk::poly_norm(t[0], t[1], t[2])); };
+  gradcheck("poly_norm", full, {x, w, b}, {true, true, true});
+  gradcheck("poly_norm frozen weight", full, {x, w, b}, {true, false, true});
+  check_double_backward("poly_norm", full, {x, w, b}, 0);
+}
+
 void check_softmax() {
   const at::Tensor x = randn({3, 4, 5});
   for (const int64_t dim : {-1, 0, 1}) {
@@ -450,6 +470,8 @@ int main() {
     check_glu();
     check_norms();
     check_softmax();
+    check_dyt();
+    check_poly_norm();
     check_rope();
     check_swiglu_linear();
     check_cross_entropy();

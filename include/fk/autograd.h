@@ -406,6 +406,111 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
   }
 };
 
+// --- dyt: on fk::dyt (the backward recomputes tanh from the saved x) ----------------------
+
+class DytFunction : public torch::autograd::Function<DytFunction> {
+ public:
+  static constexpr const char* kOp = "fk::dyt";
+  using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& alpha,
+                            const at::Tensor& gamma, const std::optional<at::Tensor>& beta) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    at::Tensor y = call(x, alpha, gamma, beta);
+    ctx->save_for_backward({x, alpha, gamma, beta.value_or(at::Tensor())});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const std::optional<at::Tensor> beta = detail::optional(saved[3]);
+    const std::array<bool, 4> mask = {ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+                                      ctx->needs_input_grad(2),
+                                      beta.has_value() && ctx->needs_input_grad(3)};
+    return detail::once_differentiable(
+        kOp, grads, {&saved[0], &saved[1], &saved[2], &saved[3]}, [&](bool) {
+          static const auto op =
+              detail::op<Grads(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                               const at::Tensor&, const std::optional<at::Tensor>&,
+                               std::array<bool, 4>)>("fk::_dyt_backward");
+          auto [dx, da, dg, db] = op.call(grads[0], saved[0], saved[1], saved[2], beta, mask);
+          return variable_list{dx, da, dg, db};
+        });
+  }
+
+  // The Autograd kernel of fk::dyt.
+  static at::Tensor kernel(const at::Tensor& x, const at::Tensor& alpha,
+                           const at::Tensor& gamma, const std::optional<at::Tensor>& beta) {
+    if (!detail::records({&x, &alpha, &gamma, detail::ptr(beta)})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(x, alpha, gamma, beta);
+    }
+    return apply(x, alpha, gamma, beta);
+  }
+
+ private:
+  static at::Tensor call(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& gamma,
+                         const std::optional<at::Tensor>& beta) {
+    static const auto op =
+        detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                              const std::optional<at::Tensor>&)>("fk::dyt");
+    return op.call(x, alpha, gamma, beta);
+  }
+};
+
+// --- poly_norm: on fk::_poly_norm_forward (the backward needs the rstd it returns) ---------
+
+class PolyNormFunction : public torch::autograd::Function<PolyNormFunction> {
+ public:
+  static constexpr const char* kOp = "fk::_poly_norm_forward";
+  using Result = std::tuple<at::Tensor, at::Tensor>;
+  using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& weight, const at::Tensor& bias, double eps) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, rstd] = call(x, weight, bias, eps);
+    ctx->save_for_backward({x, weight, bias, rstd});
+    ctx->mark_non_differentiable({rstd});
+    return {y, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const std::array<bool, 3> mask = {ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+                                      ctx->needs_input_grad(2)};
+    return detail::once_differentiable(
+        kOp, grads, {&saved[0], &saved[1], &saved[2]}, [&](bool) {
+          static const auto op =
+              detail::op<Grads(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                               const at::Tensor&, const at::Tensor&, std::array<bool, 3>)>(
+                  "fk::_poly_norm_backward");
+          auto [dx, dw, db] = op.call(grads[0], saved[0], saved[1], saved[2], saved[3], mask);
+          return variable_list{dx, dw, db, at::Tensor()};
+        });
+  }
+
+  // The Autograd kernel of fk::_poly_norm_forward.
+  static Result kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                       double eps) {
+    if (!detail::records({&x, &weight, &bias})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(x, weight, bias, eps);
+    }
+    auto out = apply(x, weight, bias, eps);
+    return {out[0], out[1]};
+  }
+
+ private:
+  static Result call(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                     double eps) {
+    static const auto op =
+        detail::op<Result(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>(
+            "fk::_poly_norm_forward");
+    return op.call(x, weight, bias, eps);
+  }
+};
+
 // --- softmax: on fk::softmax (the backward needs only its output) --------------------------
 
 class SoftmaxFunction : public torch::autograd::Function<SoftmaxFunction> {
@@ -1234,6 +1339,8 @@ inline void register_kernels(torch::Library& m) {
   m.impl("_rms_norm_forward", &RmsNormFunction::kernel);
   m.impl("_layer_norm_forward", &LayerNormFunction::kernel);
   m.impl("softmax", &SoftmaxFunction::kernel);
+  m.impl("dyt", &DytFunction::kernel);
+  m.impl("_poly_norm_forward", &PolyNormFunction::kernel);
   m.impl("_fused_add_rms_norm_forward", &FusedAddRmsNormFunction::kernel);
   m.impl("rope", &RopeFunction::kernel);
   m.impl("rope_", &RopeFunction::in_place_kernel);
@@ -1258,9 +1365,13 @@ inline void register_kernels(torch::Library& m) {
 //                         target that requires grad);
 //                         fk::fused_linear_cross_entropy, fk::tvd;
 //                         fk::fused_linear_cross_entropy, fk::fused_linear_jsd;
+//   the public op:        fk::swiglu, fk::geglu, fk::softmax, fk::dyt, fk::rope, fk::rope_
+//                         (which refuses q and k that require grad), fk::cross_entropy,
+//                         fk::fused_linear_cross_entropy;
 //   the internal forward: fk::_rms_norm_forward, fk::_fused_add_rms_norm_forward,
-//                         fk::_layer_norm_forward, fk::_swiglu_linear_forward (fk::rms_norm,
-//                         fk::fused_add_rms_norm, fk::layer_norm, fk::swiglu_linear are
+//                         fk::_layer_norm_forward, fk::_swiglu_linear_forward,
+//                         fk::_poly_norm_forward (fk::rms_norm, fk::fused_add_rms_norm,
+//                         fk::layer_norm, fk::swiglu_linear, fk::poly_norm are
 //                         CompositeImplicitAutograd kernels calling them).
 // Call it once in a C++ program without Python, before differentiating through fk's ops
 // (directly or in a TorchScript module); further calls do nothing. Never call it in a

@@ -215,6 +215,28 @@ inline at::Tensor softmax(const at::Tensor& x, int64_t dim = -1) {
   return op.call(x, dim);
 }
 
+// Dynamic Tanh over the last dim: gamma * tanh(alpha * x) + beta, in fp32, rounded once to
+// x's dtype. alpha: one element; gamma, beta: (x.size(-1),), beta optional; the parameters
+// share one dtype, float32 or x's.
+inline at::Tensor dyt(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& gamma,
+                      const std::optional<at::Tensor>& beta = std::nullopt) {
+  static const auto op =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&)>("fk::dyt");
+  return op.call(x, alpha, gamma, beta);
+}
+
+// PolyNorm over the last dim: w0 * norm(x^3) + w1 * norm(x^2) + w2 * norm(x) + b with
+// norm(u) = u * rsqrt(mean(u^2) + eps), in fp32, rounded once to x's dtype. weight: (3,);
+// bias: one element; both float32 or x's dtype.
+inline at::Tensor poly_norm(const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, double eps = 1e-6) {
+  static const auto op =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>(
+          "fk::poly_norm");
+  return op.call(x, weight, bias, eps);
+}
+
 // gelu(a) * b, elementwise, like swiglu. approximate: "tanh" (Gemma's gelu_pytorch_tanh) or
 // "none" (exact, erf), as in torch.nn.functional.gelu. backward_in_place: as swiglu's.
 inline at::Tensor geglu(const at::Tensor& a, const at::Tensor& b,

@@ -18,6 +18,7 @@ load_library()
 
 from . import nn  # noqa: E402
 from .ops.cross_entropy import cross_entropy  # noqa: E402
+from .ops.dyt import dyt  # noqa: E402
 from .ops.fused_add_rms_norm import fused_add_rms_norm  # noqa: E402
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from .ops.fused_linear_jsd import fused_linear_jsd  # noqa: E402
@@ -25,6 +26,7 @@ from .ops.geglu import geglu  # noqa: E402
 from .ops.jsd import jsd  # noqa: E402
 from .ops.kl_div import kl_div  # noqa: E402
 from .ops.layer_norm import layer_norm  # noqa: E402
+from .ops.poly_norm import poly_norm  # noqa: E402
 from .ops.rms_norm import rms_norm  # noqa: E402
 from .ops.rope import rope, rope_  # noqa: E402
 from .ops.softmax import softmax  # noqa: E402
@@ -47,6 +49,9 @@ __all__ = ["cross_entropy", "fused_add_rms_norm", "fused_linear_cross_entropy",
            "nn", "build_info", "cmake_prefix_path"]
            "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu", "swiglu_linear",
            "tvd", "nn", "build_info", "cmake_prefix_path"]
+__all__ = ["cross_entropy", "dyt", "fused_add_rms_norm", "fused_linear_cross_entropy",
+           "geglu", "layer_norm", "poly_norm", "rms_norm", "rope", "rope_", "softmax",
+           "swiglu", "swiglu_linear", "nn", "build_info", "cmake_prefix_path"]
 
 
 def __getattr__(name):

@@ -46,6 +46,8 @@ AUTOGRAD_OPS = ["swiglu", "geglu", "rms_norm", "fused_add_rms_norm", "layer_norm
                 "kl_div"]
                 "tvd"]
                 "fused_linear_jsd"]
+                "rope", "swiglu_linear", "cross_entropy", "fused_linear_cross_entropy", "dyt",
+                "poly_norm"]
 
 
 def _tool(name: str) -> str:

@@ -226,6 +226,8 @@ def _composite_calls():
         ("fused_linear_jsd",
          lambda: torch.ops.fk.fused_linear_jsd(f(2, 8), f(5, 8), f(2, 6), f(4, 6)),
          r"^fk::fused_linear_jsd: teacher_weight must have shape"),
+        ("poly_norm", lambda: torch.ops.fk.poly_norm(f(2, 8), f(4), f(1)),
+         r"^fk::poly_norm: weight must have shape \(3,\)"),
     ]
 
 

@@ -1,5 +1,6 @@
 """Modules built on fk ops, drop-in for their torch / Hugging Face counterparts."""
 from .cross_entropy import CrossEntropyLoss
+from .dyt import DyT
 from .fused_add_rms_norm import FusedAddRMSNorm
 from .fused_linear_cross_entropy import FusedLinearCrossEntropyLoss
 from .fused_linear_jsd import FusedLinearJSD
@@ -7,6 +8,7 @@ from .geglu import GEGLUMLP
 from .jsd import JSD
 from .kl_div import KLDivLoss
 from .layer_norm import LayerNorm
+from .poly_norm import PolyNorm
 from .rms_norm import RMSNorm
 from .softmax import Softmax
 from .swiglu import SwiGLUMLP
@@ -22,3 +24,6 @@ __all__ = ["CrossEntropyLoss", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss",
            "FusedSwiGLUMLP"]
            "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP",
            "TVDLoss"]
+__all__ = ["CrossEntropyLoss", "DyT", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss",
+           "GEGLUMLP", "LayerNorm", "PolyNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU",
+           "FusedSwiGLUMLP"]
