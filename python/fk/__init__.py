@@ -25,6 +25,7 @@ from .ops.layer_norm import layer_norm  # noqa: E402
 from .ops.rms_norm import rms_norm  # noqa: E402
 from .ops.rope import rope, rope_  # noqa: E402
 from .ops.softmax import softmax  # noqa: E402
+from .ops.sparsemax import sparsemax  # noqa: E402
 from .ops.swiglu import swiglu  # noqa: E402
 from .ops.swiglu_linear import swiglu_linear  # noqa: E402
 
@@ -34,7 +35,8 @@ __version__ = "0.1.0"
 cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
 __all__ = ["cross_entropy", "fused_add_rms_norm", "fused_linear_cross_entropy", "geglu",
-           "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu", "swiglu_linear",
+           "layer_norm", "rms_norm", "rope", "rope_", "softmax", "sparsemax",
+           "swiglu", "swiglu_linear",
            "nn", "build_info", "cmake_prefix_path"]
 
 

@@ -6,8 +6,10 @@ from .geglu import GEGLUMLP
 from .layer_norm import LayerNorm
 from .rms_norm import RMSNorm
 from .softmax import Softmax
+from .sparsemax import Sparsemax
 from .swiglu import SwiGLUMLP
 from .swiglu_linear import FusedSwiGLU, FusedSwiGLUMLP
 
 __all__ = ["CrossEntropyLoss", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss", "GEGLUMLP",
-           "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP"]
+           "LayerNorm", "RMSNorm", "Softmax", "Sparsemax", "SwiGLUMLP", "FusedSwiGLU",
+           "FusedSwiGLUMLP"]
