@@ -245,6 +245,16 @@ void check_softmax() {
                         0);
 }
 
+void check_sparsemax() {
+  const at::Tensor x = randn({3, 4, 5});
+  for (const int64_t dim : {-1, 0, 1}) {
+    gradcheck("sparsemax dim=" + std::to_string(dim),
+              [=](const Tensors& t) { return one(fk::sparsemax(t[0], dim)); }, {x}, {true});
+  }
+  check_double_backward("sparsemax", [](const Tensors& t) { return one(fk::sparsemax(t[0])); },
+                        {x}, 0);
+}
+
 void check_rope() {
   const at::Tensor q = randn({2, 3, 4, 8}), k = randn({2, 1, 4, 8});
   const at::Tensor cos = randn({1, 4, 8}), sin = randn({1, 4, 8});
@@ -472,6 +482,7 @@ int main() {
     check_softmax();
     check_dyt();
     check_poly_norm();
+    check_sparsemax();
     check_rope();
     check_swiglu_linear();
     check_cross_entropy();

@@ -553,6 +553,48 @@ class SoftmaxFunction : public torch::autograd::Function<SoftmaxFunction> {
   }
 };
 
+// --- sparsemax: on fk::sparsemax (the backward needs only its output) ----------------------
+
+class SparsemaxFunction : public torch::autograd::Function<SparsemaxFunction> {
+ public:
+  static constexpr const char* kOp = "fk::sparsemax";
+
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    at::Tensor y = call(x, dim);
+    ctx->saved_data["dim"] = dim;
+    ctx->save_for_backward({y});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    return detail::once_differentiable(kOp, grads, {&saved[0]}, [&](bool) {
+      static const auto op =
+          detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>(
+              "fk::_sparsemax_backward");
+      return variable_list{op.call(grads[0], saved[0], ctx->saved_data["dim"].toInt()),
+                           at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::sparsemax.
+  static at::Tensor kernel(const at::Tensor& x, int64_t dim) {
+    if (!detail::records({&x})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(x, dim);
+    }
+    return apply(x, dim);
+  }
+
+ private:
+  static at::Tensor call(const at::Tensor& x, int64_t dim) {
+    static const auto op =
+        detail::op<at::Tensor(const at::Tensor&, int64_t)>("fk::sparsemax");
+    return op.call(x, dim);
+  }
+};
+
 // --- fused_add_rms_norm: on fk::_fused_add_rms_norm_forward (the backward needs its rstd) --
 
 class FusedAddRmsNormFunction : public torch::autograd::Function<FusedAddRmsNormFunction> {
@@ -1341,6 +1383,7 @@ inline void register_kernels(torch::Library& m) {
   m.impl("softmax", &SoftmaxFunction::kernel);
   m.impl("dyt", &DytFunction::kernel);
   m.impl("_poly_norm_forward", &PolyNormFunction::kernel);
+  m.impl("sparsemax", &SparsemaxFunction::kernel);
   m.impl("_fused_add_rms_norm_forward", &FusedAddRmsNormFunction::kernel);
   m.impl("rope", &RopeFunction::kernel);
   m.impl("rope_", &RopeFunction::in_place_kernel);
@@ -1368,6 +1411,9 @@ inline void register_kernels(torch::Library& m) {
 //   the public op:        fk::swiglu, fk::geglu, fk::softmax, fk::dyt, fk::rope, fk::rope_
 //                         (which refuses q and k that require grad), fk::cross_entropy,
 //                         fk::fused_linear_cross_entropy;
+//   the public op:        fk::swiglu, fk::geglu, fk::softmax, fk::sparsemax, fk::rope,
+//                         fk::rope_ (which refuses q and k that require grad),
+//                         fk::cross_entropy, fk::fused_linear_cross_entropy;
 //   the internal forward: fk::_rms_norm_forward, fk::_fused_add_rms_norm_forward,
 //                         fk::_layer_norm_forward, fk::_swiglu_linear_forward,
 //                         fk::_poly_norm_forward (fk::rms_norm, fk::fused_add_rms_norm,

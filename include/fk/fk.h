@@ -235,6 +235,13 @@ inline at::Tensor poly_norm(const at::Tensor& x, const at::Tensor& weight,
       detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>(
           "fk::poly_norm");
   return op.call(x, weight, bias, eps);
+// Sparsemax over dim: the projection of each slice onto the probability simplex,
+// max(x - tau, 0) with tau chosen so that the slice sums to 1, in fp32, rounded to x's dtype
+// (a slice with +inf or NaN, or only -inf, gives NaN). Any dim; the last one is the fast path.
+// CUDA takes slices of up to 32768 elements.
+inline at::Tensor sparsemax(const at::Tensor& x, int64_t dim = -1) {
+  static const auto op = detail::op<at::Tensor(const at::Tensor&, int64_t)>("fk::sparsemax");
+  return op.call(x, dim);
 }
 
 // gelu(a) * b, elementwise, like swiglu. approximate: "tanh" (Gemma's gelu_pytorch_tanh) or

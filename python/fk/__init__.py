@@ -30,6 +30,7 @@ from .ops.poly_norm import poly_norm  # noqa: E402
 from .ops.rms_norm import rms_norm  # noqa: E402
 from .ops.rope import rope, rope_  # noqa: E402
 from .ops.softmax import softmax  # noqa: E402
+from .ops.sparsemax import sparsemax  # noqa: E402
 from .ops.swiglu import swiglu  # noqa: E402
 from .ops.swiglu_linear import swiglu_linear  # noqa: E402
 from .ops.tvd import tvd  # noqa: E402
@@ -45,6 +46,7 @@ __all__ = ["cross_entropy", "fused_add_rms_norm", "fused_linear_cross_entropy", 
            "swiglu_linear",
 __all__ = ["cross_entropy", "fused_add_rms_norm", "fused_linear_cross_entropy",
            "fused_linear_jsd", "geglu", "layer_norm", "rms_norm", "rope", "rope_", "softmax",
+           "layer_norm", "rms_norm", "rope", "rope_", "softmax", "sparsemax",
            "swiglu", "swiglu_linear",
            "nn", "build_info", "cmake_prefix_path"]
            "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu", "swiglu_linear",

@@ -48,6 +48,7 @@ AUTOGRAD_OPS = ["swiglu", "geglu", "rms_norm", "fused_add_rms_norm", "layer_norm
                 "fused_linear_jsd"]
                 "rope", "swiglu_linear", "cross_entropy", "fused_linear_cross_entropy", "dyt",
                 "poly_norm"]
+                "sparsemax", "rope", "swiglu_linear", "cross_entropy", "fused_linear_cross_entropy"]
 
 
 def _tool(name: str) -> str:

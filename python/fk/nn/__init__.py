@@ -11,6 +11,7 @@ from .layer_norm import LayerNorm
 from .poly_norm import PolyNorm
 from .rms_norm import RMSNorm
 from .softmax import Softmax
+from .sparsemax import Sparsemax
 from .swiglu import SwiGLUMLP
 from .swiglu_linear import FusedSwiGLU, FusedSwiGLUMLP
 from .tvd import TVDLoss
@@ -26,4 +27,5 @@ __all__ = ["CrossEntropyLoss", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss",
            "TVDLoss"]
 __all__ = ["CrossEntropyLoss", "DyT", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss",
            "GEGLUMLP", "LayerNorm", "PolyNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU",
+           "LayerNorm", "RMSNorm", "Softmax", "Sparsemax", "SwiGLUMLP", "FusedSwiGLU",
            "FusedSwiGLUMLP"]
