@@ -1401,19 +1401,11 @@ inline void register_kernels(torch::Library& m) {
 
 // Registers the autograd formulas of fk's operators for the Autograd key, on the operators
 // Python's fk registers them on:
-//   the public op:        fk::swiglu, fk::geglu, fk::softmax, fk::rope, fk::rope_ (which
-//                         refuses q and k that require grad), fk::cross_entropy,
-//                         fk::fused_linear_cross_entropy, fk::jsd;
-//                         fk::fused_linear_cross_entropy, fk::kl_div (which refuses a
-//                         target that requires grad);
-//                         fk::fused_linear_cross_entropy, fk::tvd;
-//                         fk::fused_linear_cross_entropy, fk::fused_linear_jsd;
-//   the public op:        fk::swiglu, fk::geglu, fk::softmax, fk::dyt, fk::rope, fk::rope_
-//                         (which refuses q and k that require grad), fk::cross_entropy,
-//                         fk::fused_linear_cross_entropy;
-//   the public op:        fk::swiglu, fk::geglu, fk::softmax, fk::sparsemax, fk::rope,
-//                         fk::rope_ (which refuses q and k that require grad),
-//                         fk::cross_entropy, fk::fused_linear_cross_entropy;
+//   the public op:        fk::swiglu, fk::geglu, fk::softmax, fk::dyt, fk::sparsemax,
+//                         fk::rope, fk::rope_ (which refuses q and k that require grad),
+//                         fk::cross_entropy, fk::fused_linear_cross_entropy, fk::jsd,
+//                         fk::kl_div (which refuses a target that requires grad), fk::tvd,
+//                         fk::fused_linear_jsd;
 //   the internal forward: fk::_rms_norm_forward, fk::_fused_add_rms_norm_forward,
 //                         fk::_layer_norm_forward, fk::_swiglu_linear_forward,
 //                         fk::_poly_norm_forward (fk::rms_norm, fk::fused_add_rms_norm,

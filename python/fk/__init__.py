@@ -40,20 +40,10 @@ __version__ = "0.1.0"
 #: Pass to CMake (CMAKE_PREFIX_PATH) so that ``find_package(fk)`` finds this installation.
 cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
-__all__ = ["cross_entropy", "fused_add_rms_norm", "fused_linear_cross_entropy", "geglu",
-           "jsd", "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu",
-           "kl_div", "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu",
-           "swiglu_linear",
-__all__ = ["cross_entropy", "fused_add_rms_norm", "fused_linear_cross_entropy",
-           "fused_linear_jsd", "geglu", "layer_norm", "rms_norm", "rope", "rope_", "softmax",
-           "layer_norm", "rms_norm", "rope", "rope_", "softmax", "sparsemax",
-           "swiglu", "swiglu_linear",
-           "nn", "build_info", "cmake_prefix_path"]
-           "layer_norm", "rms_norm", "rope", "rope_", "softmax", "swiglu", "swiglu_linear",
-           "tvd", "nn", "build_info", "cmake_prefix_path"]
 __all__ = ["cross_entropy", "dyt", "fused_add_rms_norm", "fused_linear_cross_entropy",
-           "geglu", "layer_norm", "poly_norm", "rms_norm", "rope", "rope_", "softmax",
-           "swiglu", "swiglu_linear", "nn", "build_info", "cmake_prefix_path"]
+           "fused_linear_jsd", "geglu", "jsd", "kl_div", "layer_norm", "poly_norm", "rms_norm",
+           "rope", "rope_", "softmax", "sparsemax", "swiglu", "swiglu_linear", "tvd",
+           "nn", "build_info", "cmake_prefix_path"]
 
 
 def __getattr__(name):

@@ -231,7 +231,7 @@ def _composite_calls():
     ]
 
 
-@pytest.mark.parametrize("index", range(7))
+@pytest.mark.parametrize("index", range(8))
 def test_composite_ops_raise_their_own_messages(index):
     """The public ops whose C++ kernel calls an internal one through the stable dispatcher
     (as TorchScript and C++ programs call them): a mistake raises fk's message, not the

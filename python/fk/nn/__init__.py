@@ -16,16 +16,6 @@ from .swiglu import SwiGLUMLP
 from .swiglu_linear import FusedSwiGLU, FusedSwiGLUMLP
 from .tvd import TVDLoss
 
-__all__ = ["CrossEntropyLoss", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss", "GEGLUMLP",
-           "JSD",
-__all__ = ["CrossEntropyLoss", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss", "FusedLinearJSD",
-           "GEGLUMLP",
-           "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP"]
-           "KLDivLoss", "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU",
-           "FusedSwiGLUMLP"]
-           "LayerNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP",
-           "TVDLoss"]
 __all__ = ["CrossEntropyLoss", "DyT", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss",
-           "GEGLUMLP", "LayerNorm", "PolyNorm", "RMSNorm", "Softmax", "SwiGLUMLP", "FusedSwiGLU",
-           "LayerNorm", "RMSNorm", "Softmax", "Sparsemax", "SwiGLUMLP", "FusedSwiGLU",
-           "FusedSwiGLUMLP"]
+           "FusedLinearJSD", "GEGLUMLP", "JSD", "KLDivLoss", "LayerNorm", "PolyNorm", "RMSNorm",
+           "Softmax", "Sparsemax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP", "TVDLoss"]
