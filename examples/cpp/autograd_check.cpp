@@ -255,6 +255,21 @@ void check_sparsemax() {
                         {x}, 0);
 }
 
+void check_neighborhood_attention() {
+  const at::Tensor q = randn({1, 2, 9, 3}), k = randn({1, 2, 9, 3}), v = randn({1, 2, 9, 3});
+  auto na = [](int64_t ks, int64_t dil, std::optional<double> scale) {
+    return [=](const Tensors& t) {
+      return one(fk::neighborhood_attention(t[0], t[1], t[2], ks, dil, scale));
+    };
+  };
+  gradcheck("neighborhood_attention", na(3, 1, std::nullopt), {q, k, v}, {true, true, true});
+  gradcheck("neighborhood_attention dilation=2 scale=0.7", na(5, 2, 0.7), {q, k, v},
+            {true, true, true});
+  gradcheck("neighborhood_attention frozen k", na(3, 1, std::nullopt), {q, k, v},
+            {true, false, true});
+  check_double_backward("neighborhood_attention", na(3, 1, std::nullopt), {q, k, v}, 0);
+}
+
 void check_rope() {
   const at::Tensor q = randn({2, 3, 4, 8}), k = randn({2, 1, 4, 8});
   const at::Tensor cos = randn({1, 4, 8}), sin = randn({1, 4, 8});
@@ -483,6 +498,7 @@ int main() {
     check_dyt();
     check_poly_norm();
     check_sparsemax();
+    check_neighborhood_attention();
     check_rope();
     check_swiglu_linear();
     check_cross_entropy();

@@ -349,6 +349,71 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 };
 
+// --- neighborhood_attention: on fk::_neighborhood_attention_forward (the backward needs the
+// logsumexp it returns) ---------------------------------------------------------------------
+
+class NeighborhoodAttentionFunction
+    : public torch::autograd::Function<NeighborhoodAttentionFunction> {
+ public:
+  static constexpr const char* kOp = "fk::_neighborhood_attention_forward";
+  using Result = std::tuple<at::Tensor, at::Tensor>;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, int64_t kernel_size, int64_t dilation,
+                               std::optional<double> scale) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, lse] = call(q, k, v, kernel_size, dilation, scale);
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["kernel_size"] = kernel_size;
+    ctx->saved_data["dilation"] = dilation;
+    ctx->saved_data["has_scale"] = scale.has_value();
+    ctx->saved_data["scale"] = scale.value_or(0.0);
+    ctx->mark_non_differentiable({lse});
+    return {out, lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    return detail::once_differentiable(
+        kOp, grads, {&saved[0], &saved[1], &saved[2]}, [&](bool) {
+          static const auto op =
+              detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                  const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                  const at::Tensor&, const at::Tensor&, int64_t, int64_t,
+                  std::optional<double>)>("fk::_neighborhood_attention_backward");
+          const std::optional<double> scale =
+              ctx->saved_data["has_scale"].toBool()
+                  ? std::optional<double>(ctx->saved_data["scale"].toDouble())
+                  : std::nullopt;
+          auto [dq, dk, dv] = op.call(grads[0], saved[0], saved[1], saved[2], saved[3],
+                                      saved[4], ctx->saved_data["kernel_size"].toInt(),
+                                      ctx->saved_data["dilation"].toInt(), scale);
+          return variable_list{dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+        });
+  }
+
+  // The Autograd kernel of fk::_neighborhood_attention_forward.
+  static Result kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       int64_t kernel_size, int64_t dilation, std::optional<double> scale) {
+    if (!detail::records({&q, &k, &v})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(q, k, v, kernel_size, dilation, scale);
+    }
+    auto out = apply(q, k, v, kernel_size, dilation, scale);
+    return {out[0], out[1]};
+  }
+
+ private:
+  static Result call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     int64_t kernel_size, int64_t dilation, std::optional<double> scale) {
+    static const auto op =
+        detail::op<Result(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                          int64_t, std::optional<double>)>(
+            "fk::_neighborhood_attention_forward");
+    return op.call(q, k, v, kernel_size, dilation, scale);
+  }
+};
+
 // --- layer_norm: on fk::_layer_norm_forward (the backward needs its mean and rstd) ---------
 
 class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
@@ -1379,6 +1444,7 @@ inline void register_kernels(torch::Library& m) {
   m.impl("swiglu", &SwigluFunction::kernel);
   m.impl("geglu", &GegluFunction::kernel);
   m.impl("_rms_norm_forward", &RmsNormFunction::kernel);
+  m.impl("_neighborhood_attention_forward", &NeighborhoodAttentionFunction::kernel);
   m.impl("_layer_norm_forward", &LayerNormFunction::kernel);
   m.impl("softmax", &SoftmaxFunction::kernel);
   m.impl("dyt", &DytFunction::kernel);
@@ -1408,8 +1474,9 @@ inline void register_kernels(torch::Library& m) {
 //                         fk::fused_linear_jsd;
 //   the internal forward: fk::_rms_norm_forward, fk::_fused_add_rms_norm_forward,
 //                         fk::_layer_norm_forward, fk::_swiglu_linear_forward,
-//                         fk::_poly_norm_forward (fk::rms_norm, fk::fused_add_rms_norm,
-//                         fk::layer_norm, fk::swiglu_linear, fk::poly_norm are
+//                         fk::_poly_norm_forward, fk::_neighborhood_attention_forward
+//                         (fk::rms_norm, fk::fused_add_rms_norm, fk::layer_norm,
+//                         fk::swiglu_linear, fk::poly_norm, fk::neighborhood_attention are
 //                         CompositeImplicitAutograd kernels calling them).
 // Call it once in a C++ program without Python, before differentiating through fk's ops
 // (directly or in a TorchScript module); further calls do nothing. Never call it in a

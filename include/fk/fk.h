@@ -41,6 +41,20 @@ inline at::Tensor swiglu(const at::Tensor& a, const at::Tensor& b,
   return op.call(a, b, backward_in_place);
 }
 
+// 1-D neighborhood attention: q, k, v (batch, heads, seq_len, head_dim); query i attends the
+// keys j with |j - i| <= (kernel_size / 2) * dilation, (j - i) % dilation == 0, inside the
+// sequence (windows cut at the ends); fp32 softmax of scale * q k^T (scale defaults to
+// 1 / sqrt(head_dim)) over them, times v. kernel_size odd. CUDA takes head_dim <= 128.
+inline at::Tensor neighborhood_attention(const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, int64_t kernel_size = 7,
+                                         int64_t dilation = 1,
+                                         std::optional<double> scale = std::nullopt) {
+  static const auto op =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                            int64_t, std::optional<double>)>("fk::neighborhood_attention");
+  return op.call(q, k, v, kernel_size, dilation, scale);
+}
+
 // RMSNorm over the last dimension: x * rsqrt(mean(x^2) + eps) * (offset + weight).
 // casting_mode: "llama" (Hugging Face Llama), "gemma" (all fp32), "none".
 inline at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight,

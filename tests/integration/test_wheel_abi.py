@@ -228,10 +228,14 @@ def _composite_calls():
          r"^fk::fused_linear_jsd: teacher_weight must have shape"),
         ("poly_norm", lambda: torch.ops.fk.poly_norm(f(2, 8), f(4), f(1)),
          r"^fk::poly_norm: weight must have shape \(3,\)"),
+        ("neighborhood_attention",
+         lambda: torch.ops.fk.neighborhood_attention(f(1, 2, 8, 4), f(1, 2, 8, 4), f(1, 2, 8, 4),
+                                                     4),
+         r"^fk::neighborhood_attention: kernel_size must be a positive odd number, got 4"),
     ]
 
 
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", range(9))
 def test_composite_ops_raise_their_own_messages(index):
     """The public ops whose C++ kernel calls an internal one through the stable dispatcher
     (as TorchScript and C++ programs call them): a mistake raises fk's message, not the

@@ -8,6 +8,7 @@ from .geglu import GEGLUMLP
 from .jsd import JSD
 from .kl_div import KLDivLoss
 from .layer_norm import LayerNorm
+from .neighborhood_attention import NeighborhoodAttention
 from .poly_norm import PolyNorm
 from .rms_norm import RMSNorm
 from .softmax import Softmax
@@ -17,5 +18,6 @@ from .swiglu_linear import FusedSwiGLU, FusedSwiGLUMLP
 from .tvd import TVDLoss
 
 __all__ = ["CrossEntropyLoss", "DyT", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss",
-           "FusedLinearJSD", "GEGLUMLP", "JSD", "KLDivLoss", "LayerNorm", "PolyNorm", "RMSNorm",
+           "FusedLinearJSD", "GEGLUMLP", "JSD", "KLDivLoss", "LayerNorm", "NeighborhoodAttention",
+           "PolyNorm", "RMSNorm",
            "Softmax", "Sparsemax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP", "TVDLoss"]
