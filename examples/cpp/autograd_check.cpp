@@ -379,6 +379,8 @@ void check_jsd() {
             {true});
   check_double_backward(
       "jsd", [=](const Tensors& t) { return one(fk::jsd(t[0] * 1.0, y, labels)); }, {x}, 0);
+}
+
 void check_kl_div() {
   const at::Tensor input = at::log_softmax(randn({5, 7}), -1);
   const at::Tensor target = at::softmax(randn({5, 7}), -1);
@@ -451,6 +453,8 @@ void check_tvd() {
             {p}, {true});
   check_double_backward(
       "tvd", [=](const Tensors& t) { return one(fk::tvd(t[0] * 1.0, q, labels)); }, {p}, 0);
+}
+
 void check_fused_linear_jsd() {
   const at::Tensor xs = randn({5, 4}), ws = randn({7, 4}), xt = randn({5, 3}), wt = randn({7, 3});
   const at::Tensor labels = at::tensor({1, 0, -100, 6, 3}, at::kLong);

@@ -986,39 +986,6 @@ class JsdFunction : public torch::autograd::Function<JsdFunction> {
     auto [loss, grad] = forward_op(input, target, shift_labels, beta, ignore_index, true);
     ctx->save_for_backward({grad});
     return {loss};
-// --- kl_div: on fk::kl_div (a kernel of its own, as in Python: for a reduction the forward
-// computes the gradient, which the backward scales with cross entropy's scaling op) ----------
-
-class KlDivFunction : public torch::autograd::Function<KlDivFunction> {
- public:
-  static constexpr const char* kOp = "fk::kl_div";
-
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& target, c10::string_view reduction,
-                            bool log_target, double eps) {
-    ctx->set_materialize_grads(false);
-    at::AutoDispatchBelowADInplaceOrView guard;
-    auto [loss, grad] = forward_op(input, target, reduction, log_target, eps, true);
-    const bool none = reduction == c10::string_view("none");
-    ctx->saved_data["none"] = none;
-    ctx->saved_data["log_target"] = log_target;
-    ctx->save_for_backward({none ? target : grad});
-    return loss;
-// --- tvd: on fk::tvd (a kernel of its own, as in Python: the forward computes the gradient
-// with respect to p into a new buffer; q gets none) ---------------------------------------------
-
-class TvdFunction : public torch::autograd::Function<TvdFunction> {
- public:
-  static constexpr const char* kOp = "fk::tvd";
-
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& p, const at::Tensor& q,
-                               const std::optional<at::Tensor>& shift_labels,
-                               c10::string_view reduction, int64_t ignore_index) {
-    ctx->set_materialize_grads(false);
-    at::AutoDispatchBelowADInplaceOrView guard;
-    auto [loss, grad] = forward_op(p, q, shift_labels, reduction, ignore_index, true);
-    ctx->save_for_backward({grad});
-    return {loss};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -1053,6 +1020,32 @@ class TvdFunction : public torch::autograd::Function<TvdFunction> {
             const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double,
             int64_t, bool)>("fk::_jsd_forward");
     return op.call(input, target, shift_labels, beta, ignore_index, compute_grad);
+  }
+};
+
+// --- kl_div: on fk::kl_div (a kernel of its own, as in Python: for a reduction the forward
+// computes the gradient, which the backward scales with cross entropy's scaling op) ----------
+
+class KlDivFunction : public torch::autograd::Function<KlDivFunction> {
+ public:
+  static constexpr const char* kOp = "fk::kl_div";
+
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& target, c10::string_view reduction,
+                            bool log_target, double eps) {
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [loss, grad] = forward_op(input, target, reduction, log_target, eps, true);
+    const bool none = reduction == c10::string_view("none");
+    ctx->saved_data["none"] = none;
+    ctx->saved_data["log_target"] = log_target;
+    ctx->save_for_backward({none ? target : grad});
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(5);
+    if (!grads[0].defined()) return out;
     const at::Tensor saved = ctx->get_saved_variables()[0];
     if (!ctx->saved_data["none"].toBool()) {
       // The stored gradient in the (rows, last dim) form the scaling op takes.
@@ -1099,6 +1092,29 @@ class TvdFunction : public torch::autograd::Function<TvdFunction> {
                                                       c10::string_view, bool, double, bool)>(
             "fk::_kl_div_forward");
     return op.call(input, target, reduction, log_target, eps, compute_grad);
+  }
+};
+
+// --- tvd: on fk::tvd (a kernel of its own, as in Python: the forward computes the gradient
+// with respect to p into a new buffer; q gets none) ---------------------------------------------
+
+class TvdFunction : public torch::autograd::Function<TvdFunction> {
+ public:
+  static constexpr const char* kOp = "fk::tvd";
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& p, const at::Tensor& q,
+                               const std::optional<at::Tensor>& shift_labels,
+                               c10::string_view reduction, int64_t ignore_index) {
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [loss, grad] = forward_op(p, q, shift_labels, reduction, ignore_index, true);
+    ctx->save_for_backward({grad});
+    return {loss};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(5);
+    if (!grads[0].defined()) return out;
     at::Tensor stored = ctx->get_saved_variables()[0];
     static const auto scaled =
         detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fk::_tvd_backward");

@@ -98,6 +98,8 @@ inline at::Tensor jsd(const at::Tensor& input, const at::Tensor& target,
       detail::op<at::Tensor(const at::Tensor&, const at::Tensor&,
                             const std::optional<at::Tensor>&, double, int64_t)>("fk::jsd");
   return op.call(input, target, shift_labels, beta, ignore_index);
+}
+
 // torch.nn.functional.kl_div(input, target, reduction, log_target) with the target clamped
 // to at least eps before its log (t * log(t) = 0 where t == 0): input log-probabilities,
 // target probabilities (log-probabilities with log_target) of the same shape and dtype;
@@ -146,6 +148,8 @@ inline at::Tensor tvd(const at::Tensor& p, const at::Tensor& q,
                             const std::optional<at::Tensor>&, c10::string_view, int64_t)>(
           "fk::tvd");
   return op.call(p, q, shift_labels, reduction, ignore_index);
+}
+
 // The generalized Jensen-Shannon divergence between a student's and a frozen teacher's heads
 // without their logits: log_softmax(student_input @ student_weight^T / temperature) (log q)
 // against log_softmax(teacher_input @ teacher_weight^T / temperature) (log p), beta *
@@ -235,6 +239,8 @@ inline at::Tensor poly_norm(const at::Tensor& x, const at::Tensor& weight,
       detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>(
           "fk::poly_norm");
   return op.call(x, weight, bias, eps);
+}
+
 // Sparsemax over dim: the projection of each slice onto the probability simplex,
 // max(x - tau, 0) with tau chosen so that the slice sums to 1, in fp32, rounded to x's dtype
 // (a slice with +inf or NaN, or only -inf, gives NaN). Any dim; the last one is the fast path.
