@@ -364,6 +364,25 @@ void check_cross_entropy() {
   } else {
     ok(what);
   }
+
+  // The loss comes in the logits' dtype unless loss_dtype says otherwise; the gradient is
+  // the same either way.
+  const std::string what_dtype = "cross_entropy loss_dtype";
+  at::Tensor a = logits.to(at::kFloat).requires_grad_(true);
+  at::Tensor b = logits.to(at::kFloat).requires_grad_(true);
+  const at::Tensor loss_default = fk::cross_entropy(a, target);
+  const at::Tensor loss_double = fk::cross_entropy(b, target, std::nullopt, -100, 0.0, "mean",
+                                                   0.0, std::nullopt, true, at::kDouble);
+  loss_default.backward();
+  loss_double.backward();
+  if (loss_default.scalar_type() != at::kFloat || loss_double.scalar_type() != at::kDouble) {
+    fail(what_dtype, "wrong loss dtype");
+  } else if (!at::equal(loss_double.to(at::kFloat), loss_default) ||
+             !at::equal(a.grad(), b.grad())) {
+    fail(what_dtype, "the loss or the gradient depends on loss_dtype");
+  } else {
+    ok(what_dtype);
+  }
 }
 
 void check_jsd() {

@@ -851,6 +851,17 @@ class SwigluLinearFunction : public torch::autograd::Function<SwigluLinearFuncti
 
 namespace detail {
 
+// The dtype fk::cross_entropy and fk::fused_linear_cross_entropy return their losses in:
+// loss_dtype, or like's dtype when unset (the message of the ops' own check).
+inline at::ScalarType loss_output_dtype(const char* op, const at::Tensor& like,
+                                        std::optional<at::ScalarType> loss_dtype) {
+  if (!loss_dtype.has_value()) return like.scalar_type();
+  const auto d = *loss_dtype;
+  TORCH_CHECK(d == at::kFloat || d == at::kDouble || d == at::kBFloat16 || d == at::kHalf, op,
+              ": loss_dtype must be None, float32, float64, bfloat16 or float16, got ", d);
+  return d;
+}
+
 // The backward of a gradient the forward computed for a grad_output of 1 (2-D): scaled by
 // grad_loss in place where that is safe (plain eager, the graph not retained, no
 // higher-order graph) and returned as a new tensor object on the same memory (so a leaf's
@@ -941,17 +952,19 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
                        const std::optional<at::Tensor>& weight, int64_t ignore_index,
                        double label_smoothing, c10::string_view reduction,
                        double lse_square_scale, std::optional<double> softcap,
-                       bool grad_in_logits) {
+                       bool grad_in_logits, std::optional<at::ScalarType> loss_dtype) {
+    const auto dtype = detail::loss_output_dtype(kOp, logits, loss_dtype);
     if (!at::GradMode::is_enabled() || !logits.requires_grad()) {
       // No gradient wanted (class weights are not differentiated, as in torch): losses only.
       at::AutoDispatchBelowADInplaceOrView guard;
       auto [loss, z, grad] = forward_op(logits, target, weight, ignore_index, label_smoothing,
                                         reduction, lse_square_scale, softcap, false);
-      return {loss, z};
+      return {loss.to(dtype), z.to(dtype)};
     }
     auto out = apply(logits, target, weight, ignore_index, label_smoothing, reduction,
                      lse_square_scale, softcap, grad_in_logits);
-    return {out[0], out[1]};
+    // Rounded once to the output dtype; autograd casts grad_output back to float32.
+    return {out[0].to(dtype), out[1].to(dtype)};
   }
 
  private:
@@ -1269,7 +1282,9 @@ class FusedLinearCrossEntropyFunction
                        double label_smoothing, c10::string_view reduction,
                        double lse_square_scale, std::optional<double> softcap,
                        std::optional<int64_t> chunk_size,
-                       std::optional<at::ScalarType> accum_dtype) {
+                       std::optional<at::ScalarType> accum_dtype,
+                       std::optional<at::ScalarType> loss_dtype) {
+    const auto dtype = detail::loss_output_dtype(kOp, x, loss_dtype);
     const bool grad_mode = at::GradMode::is_enabled();
     const std::array<bool, 3> mask = {
         grad_mode && x.requires_grad(), grad_mode && weight.requires_grad(),
@@ -1280,11 +1295,12 @@ class FusedLinearCrossEntropyFunction
       auto r = forward_op(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
                           reduction, lse_square_scale, softcap, chunk_size, accum_dtype,
                           {false, false, false}, std::nullopt);
-      return {std::get<0>(r), std::get<1>(r)};
+      return {std::get<0>(r).to(dtype), std::get<1>(r).to(dtype)};
     }
     auto out = apply(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
                      reduction, lse_square_scale, softcap, chunk_size, accum_dtype, mask);
-    return {out[0], out[1]};
+    // Rounded once to the output dtype; autograd casts grad_output back to float32.
+    return {out[0].to(dtype), out[1].to(dtype)};
   }
 
  private:

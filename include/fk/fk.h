@@ -69,21 +69,25 @@ inline std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(
 // Cross entropy of (N, V) logits and (N,) int64 targets with torch's weight, ignore_index,
 // label_smoothing and reduction ("mean" / "sum" / "none"), plus lse_square_scale *
 // logsumexp^2 per row (z-loss) and an optional softcap (logits -> softcap * tanh(logits /
-// softcap)). Returns the float32 loss. grad_in_logits: the gradient is written into the
-// logits' memory during the forward (when they require grad); their values are gone after.
+// softcap)). Returns the loss in loss_dtype (unset: the logits' dtype), computed in
+// float32. A target neither ignore_index nor in [0, V) raises (a device-side assert on
+// CUDA). grad_in_logits: the gradient is written into the logits' memory during the
+// forward (when they require grad); their values are gone after.
 inline at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target,
                                 const std::optional<at::Tensor>& weight = std::nullopt,
                                 int64_t ignore_index = -100, double label_smoothing = 0.0,
                                 const std::string& reduction = "mean",
                                 double lse_square_scale = 0.0,
                                 std::optional<double> softcap = std::nullopt,
-                                bool grad_in_logits = true) {
+                                bool grad_in_logits = true,
+                                std::optional<at::ScalarType> loss_dtype = std::nullopt) {
   static const auto op =
       detail::op<std::tuple<at::Tensor, at::Tensor>(
           const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t,
-          double, c10::string_view, double, std::optional<double>, bool)>("fk::cross_entropy");
+          double, c10::string_view, double, std::optional<double>, bool,
+          std::optional<at::ScalarType>)>("fk::cross_entropy");
   return std::get<0>(op.call(logits, target, weight, ignore_index, label_smoothing, reduction,
-                             lse_square_scale, softcap, grad_in_logits));
+                             lse_square_scale, softcap, grad_in_logits, loss_dtype));
 }
 
 // Generalized Jensen-Shannon divergence (Liger Kernel's JSD) of (BT, V) student
@@ -117,7 +121,8 @@ inline at::Tensor kl_div(const at::Tensor& input, const at::Tensor& target,
 
 // cross_entropy(x @ weight^T + bias, target, ce_weight, ...) without the (N, V) logits:
 // x (N, H), weight (V, H), bias (V,); chunk_size rows at a time (from the shapes when
-// unset); grad_weight / grad_bias summed in accum_dtype (default: the weight's dtype).
+// unset); grad_weight / grad_bias summed in accum_dtype (default: the weight's dtype); the
+// loss in loss_dtype (unset: x's dtype), computed in float32.
 inline at::Tensor fused_linear_cross_entropy(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
     const std::optional<at::Tensor>& bias = std::nullopt,
@@ -125,15 +130,18 @@ inline at::Tensor fused_linear_cross_entropy(
     double label_smoothing = 0.0, const std::string& reduction = "mean",
     double lse_square_scale = 0.0, std::optional<double> softcap = std::nullopt,
     std::optional<int64_t> chunk_size = std::nullopt,
-    std::optional<at::ScalarType> accum_dtype = std::nullopt) {
+    std::optional<at::ScalarType> accum_dtype = std::nullopt,
+    std::optional<at::ScalarType> loss_dtype = std::nullopt) {
   static const auto op =
       detail::op<std::tuple<at::Tensor, at::Tensor>(
           const at::Tensor&, const at::Tensor&, const at::Tensor&,
           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, double,
           c10::string_view, double, std::optional<double>, std::optional<int64_t>,
-          std::optional<at::ScalarType>)>("fk::fused_linear_cross_entropy");
+          std::optional<at::ScalarType>, std::optional<at::ScalarType>)>(
+          "fk::fused_linear_cross_entropy");
   return std::get<0>(op.call(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
-                             reduction, lse_square_scale, softcap, chunk_size, accum_dtype));
+                             reduction, lse_square_scale, softcap, chunk_size, accum_dtype,
+                             loss_dtype));
 }
 
 // Total variation distance 0.5 * |p - q| between (BT, V) probabilities p and q (one dtype),

@@ -125,11 +125,12 @@ def causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_i
                    shift_labels=None, **kwargs):
     """Hugging Face's ``ForCausalLMLoss`` on fk's cross entropy: shifted labels,
     ``ignore_index``, a sum divided by ``num_items_in_batch`` when given, else the mean. The
-    logits are returned to the caller too, so the gradient gets its own buffer."""
+    logits are returned to the caller too, so the gradient gets its own buffer. The loss is
+    float32, as Hugging Face's (which upcasts the logits to float32 first)."""
     target = _shifted(labels, ignore_index, shift_labels).to(logits.device)
     loss = cross_entropy(logits.reshape(-1, vocab_size), target, ignore_index=ignore_index,
                          reduction="mean" if num_items_in_batch is None else "sum",
-                         grad_in_logits=False)
+                         grad_in_logits=False, loss_dtype=torch.float32)
     return _normalize(loss, num_items_in_batch)
 
 
@@ -151,7 +152,7 @@ def linear_causal_lm_loss(hidden, lm_head, labels, *, scale=None, softcap=None,
     target = _shifted(labels, ignore_index, shift_labels).to(x.device)
     loss = fused_linear_cross_entropy(
         x, weight, target, bias, ignore_index=ignore_index, softcap=softcap,
-        reduction="mean" if num_items_in_batch is None else "sum")
+        reduction="mean" if num_items_in_batch is None else "sum", loss_dtype=torch.float32)
     return _normalize(loss, num_items_in_batch)
 
 
