@@ -12,7 +12,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import _checks as c
+from . import _autocast, _checks as c
 from .cross_entropy import (check_ce_target_and_options, losses_like, output_dtype,
                             raise_when_differentiated, scale_stored_grad)
 
@@ -210,3 +210,9 @@ def _fused_linear_cross_entropy_autograd(keyset, x, weight, target, bias=None, c
 _lib = torch.library.Library("fk", "IMPL")
 _lib.impl("fused_linear_cross_entropy", _fused_linear_cross_entropy_autograd, "Autograd",
           with_keyset=True)
+
+# Under autocast: the head's matmul inputs in the autocast dtype (as F.linear), the loss and
+# z-loss in float32 (as F.cross_entropy); ce_weight is left as given.
+_autocast.lower_precision("fused_linear_cross_entropy", ("x", "weight", "bias"),
+                          float32_outputs=(0, 1),
+                          none_defaults={"loss_dtype": torch.float32})
