@@ -14,8 +14,10 @@ from .softmax import Softmax
 from .sparsemax import Sparsemax
 from .swiglu import SwiGLUMLP
 from .swiglu_linear import FusedSwiGLU, FusedSwiGLUMLP
+from .tiled_mlp import TiledGEGLUMLP, TiledSwiGLUMLP
 from .tvd import TVDLoss
 
 __all__ = ["CrossEntropyLoss", "DyT", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss",
            "FusedLinearJSD", "GEGLUMLP", "JSD", "KLDivLoss", "LayerNorm", "PolyNorm", "RMSNorm",
-           "Softmax", "Sparsemax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP", "TVDLoss"]
+           "Softmax", "Sparsemax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP", "TVDLoss",
+           "TiledSwiGLUMLP", "TiledGEGLUMLP"]

@@ -17,6 +17,7 @@ from ..ops.layer_norm import layer_norm
 from ..ops.rms_norm import rms_norm
 from ..ops.rope import apply_rotary_pos_emb
 from ..ops.swiglu import swiglu
+from ..nn.tiled_mlp import tiled_gated_mlp
 
 
 # --- gates: (gate, up) -> act(gate) * up --------------------------------------------------
@@ -60,6 +61,12 @@ def mlp_forward(self, x, *, gate):
     # The projections' outputs are read by nothing but the gate, so its backward may write
     # the gradients over them.
     return self.down_proj(_gate(gate, self.gate_proj(x), self.up_proj(x), True))
+
+
+def tiled_mlp_forward(self, x, *, gate, num_shards):
+    return tiled_gated_mlp(x, self.gate_proj.weight, self.up_proj.weight,
+                           self.down_proj.weight, self.gate_proj.bias, self.up_proj.bias,
+                           self.down_proj.bias, gate, num_shards)
 
 
 def fused_mlp_forward(self, x, *, gate):
