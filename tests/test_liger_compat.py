@@ -218,6 +218,10 @@ def test_cross_entropy_losses():
                                fk.fused_linear_cross_entropy(x, w, t), atol=0, rtol=0)
     z = LF.liger_fused_linear_cross_entropy(x, w, t, lse_square_scale=1e-3, return_z_loss=True)
     assert isinstance(z, LF.CrossEntropyOutput)
+    # Liger's fused loss is float32 for 16-bit inputs too (fk's default is the input's dtype).
+    xb, wb = x.bfloat16(), w.bfloat16()
+    assert LF.liger_fused_linear_cross_entropy(xb, wb, t).dtype == torch.float32
+    assert LT.LigerFusedLinearCrossEntropyLoss()(wb, xb, t).dtype == torch.float32
 
 
 def test_distillation_losses():

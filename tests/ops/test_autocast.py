@@ -29,8 +29,8 @@ def _flce_inputs(device):
     return [x, w, t, b]
 
 
-def _flce(x, w, t, b):
-    return fk.fused_linear_cross_entropy(x, w, t, b, lse_square_scale=1e-4, chunk_size=3)
+def _flce(x, w, t, b, **kw):
+    return fk.fused_linear_cross_entropy(x, w, t, b, lse_square_scale=1e-4, chunk_size=3, **kw)
 
 
 def _flce_op(x, w, t, b):
@@ -74,6 +74,9 @@ OPS = {
     "fused_linear_jsd": (_jsd_inputs, _jsd, _jsd_op, True),
     "swiglu_linear": (_swiglu_inputs, _swiglu, _swiglu_op, False),
 }
+# What the by-hand call passes so that its loss is, like autocast's, computed and returned in
+# float32 (fused_linear_cross_entropy's default loss dtype is its input's).
+HAND_KWARGS = {"fused_linear_cross_entropy": {"loss_dtype": torch.float32}}
 ROUTES = ("wrapper", "torch.ops", "compile")
 
 
@@ -106,10 +109,11 @@ def test_autocast_equals_inputs_cast_by_hand(op, route, device, dtype):
         fn = torch.compile(wrapper, fullgraph=True)
     inputs = make(device)
     out, grads = _run(fn, inputs, device, dtype, autocast=True)
-    want, want_grads = _run(lambda *a: wrapper(*_cast_by_hand(a, dtype)), inputs, device, dtype,
-                            autocast=False)
+    kw = HAND_KWARGS.get(op, {})
+    want, want_grads = _run(lambda *a: wrapper(*_cast_by_hand(a, dtype), **kw), inputs, device,
+                            dtype, autocast=False)
     assert out.dtype == (torch.float32 if is_loss else dtype)
-    assert want.dtype == out.dtype or is_loss  # losses of 16-bit inputs may come back 16-bit
+    assert want.dtype == out.dtype
     exact = dict(atol=0, rtol=0) if route != "compile" and device == "cpu" else {}
     torch.testing.assert_close(out, want.to(out.dtype), **exact)
     for g, w in zip(grads, want_grads):
@@ -148,9 +152,10 @@ def test_fused_linear_cross_entropy_class_weights_stay(device, dtype):
     assert loss.dtype == z.dtype == torch.float32
     want, want_z = fk.fused_linear_cross_entropy(x.to(dtype), w.to(dtype), t, b.to(dtype),
                                                  ce_weight, label_smoothing=0.1,
-                                                 lse_square_scale=1e-3, return_z_loss=True)
-    torch.testing.assert_close(loss, want.float())
-    torch.testing.assert_close(z, want_z.float())
+                                                 lse_square_scale=1e-3, return_z_loss=True,
+                                                 loss_dtype=torch.float32)
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(z, want_z)
 
 
 def test_modules_under_autocast():
@@ -187,8 +192,8 @@ def test_torchscript_under_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss, y = f(x, w, t, wg)
     assert loss.dtype == torch.float32 and y.dtype == torch.bfloat16
-    want = fk.fused_linear_cross_entropy(x.bfloat16(), w.bfloat16(), t)
-    torch.testing.assert_close(loss, want.float(), atol=0, rtol=0)
+    want = fk.fused_linear_cross_entropy(x.bfloat16(), w.bfloat16(), t, loss_dtype=torch.float32)
+    torch.testing.assert_close(loss, want, atol=0, rtol=0)
     loss.backward()
     assert w.grad.dtype == torch.float32
 

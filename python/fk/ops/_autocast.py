@@ -45,9 +45,10 @@ def _to_float32(t):
 def lower_precision(name: str, cast: Iterable[str], float32_outputs: Iterable[int] = (),
                     none_defaults: Optional[Dict[str, object]] = None):
     """Autocast rule for ``fk::<name>``: the arguments named in ``cast`` go to the autocast
-    dtype; the outputs at the indices in ``float32_outputs`` come back at least float32; the
-    arguments in ``none_defaults`` that are None (or not given) take the value there (e.g. a
-    loss computed and returned in float32, not rounded to the autocast dtype first)."""
+    dtype; the outputs at the indices in ``float32_outputs`` come back at least float32; when the
+    first cast argument runs in 16 bits, the arguments in ``none_defaults`` that are None (or
+    not given) take the value there (e.g. a loss computed and returned in float32, not
+    rounded to the autocast dtype first)."""
     overload = getattr(torch.ops.fk, name).default
     names = [a.name for a in overload._schema.arguments]
     cast = tuple(cast)
@@ -65,7 +66,11 @@ def lower_precision(name: str, cast: Iterable[str], float32_outputs: Iterable[in
                     args[i] = _cast(args[i], device_type, dtype)
                 elif names[i] in kwargs:
                     kwargs[names[i]] = _cast(kwargs[names[i]], device_type, dtype)
-            for i, n, v in fills:
+            first = (args[positions[0]] if positions[0] < len(args)
+                     else kwargs.get(names[positions[0]]))
+            lowered = isinstance(first, torch.Tensor) and first.dtype in (torch.float16,
+                                                                          torch.bfloat16)
+            for i, n, v in (fills if lowered else ()):
                 if i < len(args):
                     if args[i] is None:
                         args[i] = v

@@ -229,7 +229,8 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
         out = fused_linear_cross_entropy(
             _input, lin_weight, target, bias, self.ce_weight, self.ignore_index,
             self.label_smoothing, self.reduction, self.lse_square_scale, self.softcap,
-            self.return_z_loss, accum_dtype=self.accum_dtype)
+            self.return_z_loss, accum_dtype=self.accum_dtype,
+            loss_dtype=torch.float32)  # Liger's loss is float32
         return ce_result(out, self.return_z_loss)
 
 

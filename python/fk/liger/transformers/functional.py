@@ -52,7 +52,8 @@ def liger_fused_linear_cross_entropy(input, weight, target, bias=None, ce_weight
                         return_predicted_tokens)
     out = fused_linear_cross_entropy(input, weight, target, bias, ce_weight, ignore_index,
                                      label_smoothing, reduction, lse_square_scale, softcap,
-                                     return_z_loss, accum_dtype=accum_dtype)
+                                     return_z_loss, accum_dtype=accum_dtype,
+                                     loss_dtype=torch.float32)  # Liger's loss is float32
     return ce_result(out, return_z_loss)
 
 
