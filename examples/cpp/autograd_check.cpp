@@ -306,6 +306,41 @@ void check_rope() {
   }
 }
 
+void check_llama4_rope() {
+  const at::Tensor q = randn({2, 4, 3, 8}), k = randn({2, 4, 1, 8});
+  const at::Tensor freqs = at::view_as_complex(randn({2, 4, 4, 2}));
+  for (const bool real : {false, true}) {
+    const at::Tensor f = real ? at::view_as_real(freqs) : freqs;
+    gradcheck(std::string("llama4_rope freqs ") + (real ? "real" : "complex"),
+              [=](const Tensors& t) {
+                auto [qo, ko] = fk::llama4_rope(t[0], t[1], f);
+                return Tensors{qo, ko};
+              },
+              {q, k}, {true, true});
+  }
+  check_double_backward("llama4_rope", [=](const Tensors& t) {
+    auto [qo, ko] = fk::llama4_rope(t[0], t[1], freqs);
+    return Tensors{qo, ko};
+  }, {q, k}, 0);
+}
+
+void check_qwen2vl_mrope() {
+  const at::Tensor q = randn({2, 3, 4, 8}), k = randn({2, 1, 4, 8});
+  const at::Tensor cos = randn({3, 2, 4, 8}), sin = randn({3, 2, 4, 8});
+  for (const bool interleaved : {false, true}) {
+    gradcheck(std::string("qwen2vl_mrope interleaved=") + (interleaved ? "true" : "false"),
+              [=](const Tensors& t) {
+                auto [qo, ko] = fk::qwen2vl_mrope(t[0], t[1], cos, sin, {2, 1, 1}, interleaved);
+                return Tensors{qo, ko};
+              },
+              {q, k}, {true, true});
+  }
+  check_double_backward("qwen2vl_mrope", [=](const Tensors& t) {
+    auto [qo, ko] = fk::qwen2vl_mrope(t[0], t[1], cos, sin, {2, 1, 1});
+    return Tensors{qo, ko};
+  }, {q, k}, 0);
+}
+
 void check_swiglu_linear() {
   const at::Tensor x = randn({2, 3, 8}), wg = 0.3 * randn({5, 8}), wu = 0.3 * randn({5, 8});
   for (const bool recompute : {false, true}) {
@@ -507,6 +542,8 @@ int main() {
     check_poly_norm();
     check_sparsemax();
     check_rope();
+    check_llama4_rope();
+    check_qwen2vl_mrope();
     check_swiglu_linear();
     check_cross_entropy();
     check_fused_linear_cross_entropy();

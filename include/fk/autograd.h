@@ -747,6 +747,104 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
   }
 };
 
+// --- llama4_rope: on fk::llama4_rope (the backward needs only freqs_cis) ---------------------
+
+class Llama4RopeFunction : public torch::autograd::Function<Llama4RopeFunction> {
+ public:
+  static constexpr const char* kOp = "fk::llama4_rope";
+  using Result = std::tuple<at::Tensor, at::Tensor>;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& freqs) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [qo, ko] = call("fk::llama4_rope", q, k, freqs);
+    ctx->save_for_backward({freqs});
+    return {qo, ko};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    return detail::once_differentiable(kOp, grads, {&saved[0]}, [&](bool) {
+      auto [dq, dk] = call("fk::_llama4_rope_backward", grads[0], grads[1], saved[0]);
+      return variable_list{dq, dk, at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::llama4_rope.
+  static Result kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs) {
+    if (!detail::records({&q, &k, &freqs})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call("fk::llama4_rope", q, k, freqs);
+    }
+    auto out = apply(q, k, freqs);
+    return {out[0], out[1]};
+  }
+
+ private:
+  // fk::llama4_rope and fk::_llama4_rope_backward share their signature.
+  static Result call(const char* name, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& freqs) {
+    using Signature = Result(const at::Tensor&, const at::Tensor&, const at::Tensor&);
+    static const auto fwd = detail::op<Signature>("fk::llama4_rope");
+    static const auto backward = detail::op<Signature>("fk::_llama4_rope_backward");
+    const auto& op = std::string_view(name) == "fk::llama4_rope" ? fwd : backward;
+    return op.call(q, k, freqs);
+  }
+};
+
+// --- qwen2vl_mrope: on fk::qwen2vl_mrope (the backward needs only cos and sin) ---------------
+
+class Qwen2vlMropeFunction : public torch::autograd::Function<Qwen2vlMropeFunction> {
+ public:
+  static constexpr const char* kOp = "fk::qwen2vl_mrope";
+  using Result = std::tuple<at::Tensor, at::Tensor>;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& cos, const at::Tensor& sin,
+                               at::IntArrayRef mrope_section, bool interleaved) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [qo, ko] = call("fk::qwen2vl_mrope", q, k, cos, sin, mrope_section, interleaved);
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["mrope_section"] = mrope_section.vec();
+    ctx->saved_data["interleaved"] = interleaved;
+    return {qo, ko};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    return detail::once_differentiable(kOp, grads, {&saved[0], &saved[1]}, [&](bool) {
+      const auto section = ctx->saved_data["mrope_section"].toIntVector();
+      auto [dq, dk] = call("fk::_qwen2vl_mrope_backward", grads[0], grads[1], saved[0],
+                           saved[1], section, ctx->saved_data["interleaved"].toBool());
+      return variable_list{dq, dk, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::qwen2vl_mrope.
+  static Result kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                       const at::Tensor& sin, at::IntArrayRef mrope_section, bool interleaved) {
+    if (!detail::records({&q, &k, &cos, &sin})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call("fk::qwen2vl_mrope", q, k, cos, sin, mrope_section, interleaved);
+    }
+    auto out = apply(q, k, cos, sin, mrope_section, interleaved);
+    return {out[0], out[1]};
+  }
+
+ private:
+  // fk::qwen2vl_mrope and fk::_qwen2vl_mrope_backward share their signature.
+  static Result call(const char* name, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& cos, const at::Tensor& sin,
+                     at::IntArrayRef mrope_section, bool interleaved) {
+    using Signature = Result(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const at::Tensor&, at::IntArrayRef, bool);
+    static const auto fwd = detail::op<Signature>("fk::qwen2vl_mrope");
+    static const auto backward = detail::op<Signature>("fk::_qwen2vl_mrope_backward");
+    const auto& op = std::string_view(name) == "fk::qwen2vl_mrope" ? fwd : backward;
+    return op.call(q, k, cos, sin, mrope_section, interleaved);
+  }
+};
+
 // --- swiglu_linear: on fk::_swiglu_linear_forward (the backward needs the factors s, t it
 // returns, or forms them again from x and the weights when they were not returned) ---------
 //
@@ -1419,6 +1517,8 @@ inline void register_kernels(torch::Library& m) {
   m.impl("_fused_add_rms_norm_forward", &FusedAddRmsNormFunction::kernel);
   m.impl("rope", &RopeFunction::kernel);
   m.impl("rope_", &RopeFunction::in_place_kernel);
+  m.impl("llama4_rope", &Llama4RopeFunction::kernel);
+  m.impl("qwen2vl_mrope", &Qwen2vlMropeFunction::kernel);
   m.impl("_swiglu_linear_forward", &SwigluLinearFunction::kernel);
   m.impl("cross_entropy", &CrossEntropyFunction::kernel);
   m.impl("fused_linear_cross_entropy", &FusedLinearCrossEntropyFunction::kernel);
@@ -1435,6 +1535,7 @@ inline void register_kernels(torch::Library& m) {
 // Python's fk registers them on:
 //   the public op:        fk::swiglu, fk::geglu, fk::softmax, fk::dyt, fk::sparsemax,
 //                         fk::rope, fk::rope_ (which refuses q and k that require grad),
+//                         fk::llama4_rope, fk::qwen2vl_mrope,
 //                         fk::cross_entropy, fk::fused_linear_cross_entropy, fk::jsd,
 //                         fk::kl_div (which refuses a target that requires grad), fk::tvd,
 //                         fk::fused_linear_jsd;

@@ -304,4 +304,33 @@ inline void rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at:
   op.call(q, k, cos, sin, rotary_dim, interleaved);
 }
 
+// Llama 4's rotary embedding of q (B, S, Hq, D) and k (B, S, Hkv, D): each adjacent pair
+// (x[2i], x[2i+1]) read as a complex number times freqs_cis[..., s, i], in fp32. freqs_cis:
+// complex64 (S, D/2) or (1 or B, S, D/2), or its view_as_real (..., D/2, 2) in float32 or
+// q's dtype. Returns new (q_out, k_out) laid out like q and k.
+inline std::tuple<at::Tensor, at::Tensor> llama4_rope(const at::Tensor& q, const at::Tensor& k,
+                                                      const at::Tensor& freqs_cis) {
+  static const auto op =
+      detail::op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&)>("fk::llama4_rope");
+  return op.call(q, k, freqs_cis);
+}
+
+// Multimodal rotary embedding (Qwen2-VL / Qwen2.5-VL; Qwen3-VL with interleaved) of
+// q (B, Hq, S, D) and k (B, Hkv, S, D): x * cos_m + rotate_half(x) * sin_m, in fp32, where
+// rotating pair i takes cos / sin (3, 1 or B, S, D) from the temporal, height or width stream
+// as mrope_section = {t, h, w} (summing to D / 2) assigns it. Returns new (q_out, k_out)
+// laid out like q and k.
+inline std::tuple<at::Tensor, at::Tensor> qwen2vl_mrope(const at::Tensor& q, const at::Tensor& k,
+                                                        const at::Tensor& cos,
+                                                        const at::Tensor& sin,
+                                                        at::IntArrayRef mrope_section,
+                                                        bool interleaved = false) {
+  static const auto op =
+      detail::op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&, const at::Tensor&,
+                                                    at::IntArrayRef, bool)>("fk::qwen2vl_mrope");
+  return op.call(q, k, cos, sin, mrope_section, interleaved);
+}
+
 }  // namespace fk

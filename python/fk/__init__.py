@@ -26,7 +26,9 @@ from .ops.geglu import geglu  # noqa: E402
 from .ops.jsd import jsd  # noqa: E402
 from .ops.kl_div import kl_div  # noqa: E402
 from .ops.layer_norm import layer_norm  # noqa: E402
+from .ops.llama4_rope import llama4_rope  # noqa: E402
 from .ops.poly_norm import poly_norm  # noqa: E402
+from .ops.qwen2vl_mrope import qwen2vl_mrope  # noqa: E402
 from .ops.rms_norm import rms_norm  # noqa: E402
 from .ops.rope import rope, rope_  # noqa: E402
 from .ops.softmax import softmax  # noqa: E402
@@ -41,8 +43,9 @@ __version__ = "0.1.0"
 cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
 __all__ = ["cross_entropy", "dyt", "fused_add_rms_norm", "fused_linear_cross_entropy",
-           "fused_linear_jsd", "geglu", "jsd", "kl_div", "layer_norm", "poly_norm", "rms_norm",
-           "rope", "rope_", "softmax", "sparsemax", "swiglu", "swiglu_linear", "tvd",
+           "fused_linear_jsd", "geglu", "jsd", "kl_div", "layer_norm", "llama4_rope",
+           "poly_norm", "qwen2vl_mrope", "rms_norm", "rope", "rope_", "softmax", "sparsemax",
+           "swiglu", "swiglu_linear", "tvd",
            "nn", "build_info", "cmake_prefix_path"]
 
 
