@@ -5,6 +5,7 @@ from .fused_add_rms_norm import FusedAddRMSNorm
 from .fused_linear_cross_entropy import FusedLinearCrossEntropyLoss
 from .fused_linear_jsd import FusedLinearJSD
 from .geglu import GEGLUMLP
+from .group_norm import GroupNorm
 from .jsd import JSD
 from .kl_div import KLDivLoss
 from .layer_norm import LayerNorm
@@ -17,5 +18,6 @@ from .swiglu_linear import FusedSwiGLU, FusedSwiGLUMLP
 from .tvd import TVDLoss
 
 __all__ = ["CrossEntropyLoss", "DyT", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss",
-           "FusedLinearJSD", "GEGLUMLP", "JSD", "KLDivLoss", "LayerNorm", "PolyNorm", "RMSNorm",
-           "Softmax", "Sparsemax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP", "TVDLoss"]
+           "FusedLinearJSD", "GEGLUMLP", "GroupNorm", "JSD", "KLDivLoss", "LayerNorm",
+           "PolyNorm", "RMSNorm", "Softmax", "Sparsemax", "SwiGLUMLP", "FusedSwiGLU",
+           "FusedSwiGLUMLP", "TVDLoss"]
