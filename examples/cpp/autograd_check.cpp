@@ -235,6 +235,19 @@ void check_poly_norm() {
   check_double_backward("poly_norm", full, {x, w, b}, 0);
 }
 
+void check_group_norm() {
+  const at::Tensor x = randn({2, 6, 5}), w = 1.0 + 0.3 * randn({6}), b = randn({6});
+  auto full = [](const Tensors& t) {
+    return one(fk::group_norm(t[0], opt(t[1]), opt(t[2]), 3));
+  };
+  gradcheck("group_norm", full, {x, w, b}, {true, true, true});
+  gradcheck("group_norm frozen weight", full, {x, w, b}, {true, false, true});
+  gradcheck("group_norm without weight", full, {x, at::Tensor(), b}, {true, false, true});
+  gradcheck("group_norm without parameters", full, {x, at::Tensor(), at::Tensor()},
+            {true, false, false});
+  check_double_backward("group_norm", full, {x, w, b}, 0);
+}
+
 void check_softmax() {
   const at::Tensor x = randn({3, 4, 5});
   for (const int64_t dim : {-1, 0, 1}) {
@@ -540,6 +553,7 @@ int main() {
     check_softmax();
     check_dyt();
     check_poly_norm();
+    check_group_norm();
     check_sparsemax();
     check_rope();
     check_llama4_rope();

@@ -511,6 +511,72 @@ class PolyNormFunction : public torch::autograd::Function<PolyNormFunction> {
   }
 };
 
+// --- group_norm: on fk::_group_norm_forward (the backward needs its mean and rstd) -------
+
+class GroupNormFunction : public torch::autograd::Function<GroupNormFunction> {
+ public:
+  static constexpr const char* kOp = "fk::_group_norm_forward";
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const std::optional<at::Tensor>& weight,
+                               const std::optional<at::Tensor>& bias, int64_t num_groups,
+                               double eps) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, mean, rstd] = call(x, weight, bias, num_groups, eps);
+    ctx->save_for_backward(
+        {x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), mean, rstd});
+    ctx->saved_data["num_groups"] = num_groups;
+    ctx->mark_non_differentiable({mean, rstd});
+    return {y, mean, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const std::optional<at::Tensor> weight = detail::optional(saved[1]);
+    const std::optional<at::Tensor> bias = detail::optional(saved[2]);
+    // needs_input_grad counts tensor inputs only: without a weight, the bias is input 1.
+    const bool has_w = weight.has_value();
+    const std::array<bool, 3> mask = {
+        ctx->needs_input_grad(0), has_w && ctx->needs_input_grad(1),
+        bias.has_value() && ctx->needs_input_grad(has_w ? 2 : 1)};
+    const int64_t groups = ctx->saved_data["num_groups"].toInt();
+    return detail::once_differentiable(
+        kOp, grads, {&saved[0], &saved[1], &saved[2]}, [&](bool) {
+          static const auto op =
+              detail::op<Result(const at::Tensor&, const at::Tensor&,
+                                const std::optional<at::Tensor>&,
+                                const std::optional<at::Tensor>&, const at::Tensor&,
+                                const at::Tensor&, int64_t, std::array<bool, 3>)>(
+                  "fk::_group_norm_backward");
+          auto [dx, dw, db] =
+              op.call(grads[0], saved[0], weight, bias, saved[3], saved[4], groups, mask);
+          return variable_list{dx, dw, db, at::Tensor(), at::Tensor()};
+        });
+  }
+
+  // The Autograd kernel of fk::_group_norm_forward.
+  static Result kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                       const std::optional<at::Tensor>& bias, int64_t num_groups, double eps) {
+    if (!detail::records({&x, detail::ptr(weight), detail::ptr(bias)})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(x, weight, bias, num_groups, eps);
+    }
+    auto out = apply(x, weight, bias, num_groups, eps);
+    return {out[0], out[1], out[2]};
+  }
+
+ private:
+  static Result call(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                     const std::optional<at::Tensor>& bias, int64_t num_groups, double eps) {
+    static const auto op =
+        detail::op<Result(const at::Tensor&, const std::optional<at::Tensor>&,
+                          const std::optional<at::Tensor>&, int64_t, double)>(
+            "fk::_group_norm_forward");
+    return op.call(x, weight, bias, num_groups, eps);
+  }
+};
+
 // --- softmax: on fk::softmax (the backward needs only its output) --------------------------
 
 class SoftmaxFunction : public torch::autograd::Function<SoftmaxFunction> {
@@ -1513,6 +1579,7 @@ inline void register_kernels(torch::Library& m) {
   m.impl("softmax", &SoftmaxFunction::kernel);
   m.impl("dyt", &DytFunction::kernel);
   m.impl("_poly_norm_forward", &PolyNormFunction::kernel);
+  m.impl("_group_norm_forward", &GroupNormFunction::kernel);
   m.impl("sparsemax", &SparsemaxFunction::kernel);
   m.impl("_fused_add_rms_norm_forward", &FusedAddRmsNormFunction::kernel);
   m.impl("rope", &RopeFunction::kernel);
@@ -1541,9 +1608,10 @@ inline void register_kernels(torch::Library& m) {
 //                         fk::fused_linear_jsd;
 //   the internal forward: fk::_rms_norm_forward, fk::_fused_add_rms_norm_forward,
 //                         fk::_layer_norm_forward, fk::_swiglu_linear_forward,
-//                         fk::_poly_norm_forward (fk::rms_norm, fk::fused_add_rms_norm,
-//                         fk::layer_norm, fk::swiglu_linear, fk::poly_norm are
-//                         CompositeImplicitAutograd kernels calling them).
+//                         fk::_poly_norm_forward, fk::_group_norm_forward (fk::rms_norm,
+//                         fk::fused_add_rms_norm, fk::layer_norm, fk::swiglu_linear,
+//                         fk::poly_norm, fk::group_norm are CompositeImplicitAutograd
+//                         kernels calling them).
 // Call it once in a C++ program without Python, before differentiating through fk's ops
 // (directly or in a TorchScript module); further calls do nothing. Never call it in a
 // process where Python imports fk (see the top of this file).

@@ -333,4 +333,19 @@ inline std::tuple<at::Tensor, at::Tensor> qwen2vl_mrope(const at::Tensor& q, con
   return op.call(q, k, cos, sin, mrope_section, interleaved);
 }
 
+// GroupNorm of x (N, C, *): C split into num_groups groups of consecutive channels; per
+// (sample, group), (x - mean) * rsqrt(var + eps) (biased variance over the group's channels
+// and trailing positions) * weight[c] + bias[c], in fp32, rounded once to x's dtype.
+// weight, bias: (C,) or absent, float32 or x's dtype. eps defaults to 1e-6 (torch's
+// nn.GroupNorm: 1e-5).
+inline at::Tensor group_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                             const std::optional<at::Tensor>& bias, int64_t num_groups,
+                             double eps = 1e-6) {
+  static const auto op =
+      detail::op<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&,
+                            const std::optional<at::Tensor>&, int64_t, double)>(
+          "fk::group_norm");
+  return op.call(x, weight, bias, num_groups, eps);
+}
+
 }  // namespace fk

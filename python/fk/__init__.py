@@ -23,6 +23,7 @@ from .ops.fused_add_rms_norm import fused_add_rms_norm  # noqa: E402
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from .ops.fused_linear_jsd import fused_linear_jsd  # noqa: E402
 from .ops.geglu import geglu  # noqa: E402
+from .ops.group_norm import group_norm  # noqa: E402
 from .ops.jsd import jsd  # noqa: E402
 from .ops.kl_div import kl_div  # noqa: E402
 from .ops.layer_norm import layer_norm  # noqa: E402
@@ -43,9 +44,9 @@ __version__ = "0.1.0"
 cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
 __all__ = ["cross_entropy", "dyt", "fused_add_rms_norm", "fused_linear_cross_entropy",
-           "fused_linear_jsd", "geglu", "jsd", "kl_div", "layer_norm", "llama4_rope",
-           "poly_norm", "qwen2vl_mrope", "rms_norm", "rope", "rope_", "softmax", "sparsemax",
-           "swiglu", "swiglu_linear", "tvd",
+           "fused_linear_jsd", "geglu", "group_norm", "jsd", "kl_div", "layer_norm",
+           "llama4_rope", "poly_norm", "qwen2vl_mrope", "rms_norm", "rope", "rope_", "softmax",
+           "sparsemax", "swiglu", "swiglu_linear", "tvd",
            "nn", "build_info", "cmake_prefix_path"]
 
 

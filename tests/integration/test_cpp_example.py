@@ -42,8 +42,8 @@ SCRIPT_CHECKS = ["torchscript forward vs C++ reference", "torchscript forward vs
 # fk_autograd_check: at least one check per formula of include/fk/autograd.h.
 AUTOGRAD_OPS = ["swiglu", "geglu", "rms_norm", "fused_add_rms_norm", "layer_norm", "softmax",
                 "rope", "swiglu_linear", "cross_entropy", "fused_linear_cross_entropy", "jsd",
-                "kl_div", "tvd", "fused_linear_jsd", "dyt", "poly_norm", "sparsemax", "llama4_rope",
-                "qwen2vl_mrope"]
+                "kl_div", "tvd", "fused_linear_jsd", "dyt", "poly_norm", "sparsemax",
+                "llama4_rope", "qwen2vl_mrope", "group_norm"]
 
 
 def _tool(name: str) -> str:

@@ -5,6 +5,7 @@ from .fused_add_rms_norm import FusedAddRMSNorm
 from .fused_linear_cross_entropy import FusedLinearCrossEntropyLoss
 from .fused_linear_jsd import FusedLinearJSD
 from .geglu import GEGLUMLP
+from .group_norm import GroupNorm
 from .jsd import JSD
 from .kl_div import KLDivLoss
 from .layer_norm import LayerNorm
@@ -18,6 +19,6 @@ from .tiled_mlp import TiledGEGLUMLP, TiledSwiGLUMLP
 from .tvd import TVDLoss
 
 __all__ = ["CrossEntropyLoss", "DyT", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss",
-           "FusedLinearJSD", "GEGLUMLP", "JSD", "KLDivLoss", "LayerNorm", "PolyNorm", "RMSNorm",
-           "Softmax", "Sparsemax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP", "TVDLoss",
-           "TiledSwiGLUMLP", "TiledGEGLUMLP"]
+           "FusedLinearJSD", "GEGLUMLP", "GroupNorm", "JSD", "KLDivLoss", "LayerNorm",
+           "PolyNorm", "RMSNorm", "Softmax", "Sparsemax", "SwiGLUMLP", "FusedSwiGLU",
+           "FusedSwiGLUMLP", "TVDLoss", "TiledSwiGLUMLP", "TiledGEGLUMLP"]
