@@ -17,6 +17,13 @@ losses agree across providers (all start near ln(vocab) = 11.76).
 
     python benchmarks/benchmark_hf_training.py [--batch 8] [--seq 2048] [--providers eager,fk,liger]
     python benchmarks/benchmark_hf_training.py --device cpu --tiny     # smoke test, seconds
+    python benchmarks/benchmark_hf_training.py --model qwen3_1_7b --amp  # AMP (see below)
+
+``--model qwen3_1_7b`` trains a Qwen3-1.7B-shaped model instead (hidden 2048, 28 layers, 16
+heads, 8 kv heads, head_dim 128, intermediate 6144, vocab 151936, tied embeddings, q/k norms).
+``--amp`` keeps the weights (and AdamW's state) in float32 and runs each forward under
+``torch.autocast(dtype=torch.bfloat16)``, the backward after it: what
+``transformers.Trainer(bf16=True)`` does. Its dtype column reads ``float32+amp_bf16``.
 
 ``--batch`` defaults to 8 (8 x 2048 = 16384 tokens a step), meant to fill a 141 GB H200
 sensibly in the eager run, the most memory-hungry one. If eager runs out of memory the batch
@@ -48,6 +55,36 @@ CSV_COLUMNS = ["gpu", "torch", "transformers", "fk", "liger", "model", "dtype", 
                "batch", "seq", "warmup", "steps", "ms", "tokens_per_s", "peak_mb", "losses",
                "error"]
 _KEY = ("model", "dtype", "provider", "batch", "seq")
+
+
+MODELS = ("llama_3_2_1b", "qwen3_1_7b")
+
+
+def model_config(args):
+    if args.model == "qwen3_1_7b":
+        return qwen3_config(args.tiny)
+    return llama_config(args.tiny)
+
+
+def model_name(args):
+    if args.tiny:
+        return "tiny_llama" if args.model == "llama_3_2_1b" else "tiny_" + args.model
+    return args.model
+
+
+def qwen3_config(tiny):
+    from transformers import Qwen3Config
+    if tiny:
+        shape = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=1024)
+    else:  # Qwen3-1.7B
+        shape = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                     num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                     vocab_size=151936)
+    return Qwen3Config(**shape, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, rope_parameters={"rope_type": "default",
+                                                                  "rope_theta": 1000000.0},
+                       attention_dropout=0.0, use_cache=False, attn_implementation="sdpa")
 
 
 def llama_config(tiny):
@@ -95,11 +132,11 @@ def run_provider(args):
     from transformers import AutoModelForCausalLM
 
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = torch.bfloat16 if device.type == "cuda" and not args.amp else torch.float32
     cuda = device.type == "cuda"
     if not cuda:
         torch.set_num_threads(1)  # tiny shapes; a busy small machine's thread pool stalls
-    config = llama_config(args.tiny)
+    config = model_config(args)
     torch.manual_seed(args.seed)
     with device:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -120,7 +157,8 @@ def run_provider(args):
     for i in range(steps):
         ids = batches[i % len(batches)].to(device, non_blocking=True)
         t0 = time.perf_counter()
-        out = model(input_ids=ids, labels=ids, use_cache=False)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+            out = model(input_ids=ids, labels=ids, use_cache=False)
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -134,14 +172,17 @@ def run_provider(args):
     if args.profile and cuda:  # where one more step's GPU time goes, kernel by kernel
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             torch.cuda.synchronize()
         print(f"--- {args.provider}: GPU kernels of one step", file=sys.stderr)
         print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25,
                                         max_name_column_width=70), file=sys.stderr)
-    return dict(params=params, dtype=str(dtype).replace("torch.", ""), ms=ms,
+    dtype_name = str(dtype).replace("torch.", "") + ("+amp_bf16" if args.amp else "")
+    return dict(params=params, dtype=dtype_name, ms=ms,
                 tokens_per_s=args.batch * args.seq / (ms * 1e-3),
                 peak_mb=torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None,
                 losses=losses)
@@ -163,7 +204,8 @@ def spawn(args, provider, batch):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", provider,
            "--device", args.device, "--batch", str(batch), "--seq", str(args.seq),
            "--warmup", str(args.warmup), "--steps", str(args.steps), "--lr", str(args.lr),
-           "--seed", str(args.seed)] + (["--tiny"] if args.tiny else []) \
+           "--seed", str(args.seed), "--model", args.model] + (["--tiny"] if args.tiny else []) \
+        + (["--amp"] if args.amp else []) \
         + (["--profile"] if args.profile else [])
     t0 = time.perf_counter()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
@@ -200,7 +242,9 @@ def _cell(v, spec):
 
 def print_table(res, info, args, batch):
     eager = res.get("eager", {})
-    print(f"\nHF training step | {'tiny Llama' if args.tiny else 'Llama-3.2-1B shape'} "
+    shape = {"llama_3_2_1b": "Llama-3.2-1B", "qwen3_1_7b": "Qwen3-1.7B"}[args.model]
+    print(f"\nHF training step | {'tiny ' + shape if args.tiny else shape + ' shape'}"
+          f"{' | float32 weights, bf16 autocast' if args.amp else ''} "
           f"({_fmt(next((r['params'] for r in res.values() if 'params' in r), None), ',')} "
           f"parameters) | batch {batch} x seq {args.seq} | {info['gpu']} | torch "
           f"{info['torch']} transformers {info['transformers']} fk {info['fk'] or '-'} liger "
@@ -285,7 +329,7 @@ def check(res, args, vocab):
 
 
 def write_csv(res, info, args, batch, path):
-    model = "tiny_llama" if args.tiny else "llama_3_2_1b"
+    model = model_name(args)
     new = []
     for name, r in res.items():
         new.append(dict(info, model=model, dtype=r.get("dtype", ""), provider=name,
@@ -331,6 +375,11 @@ def main():
                          "or insane losses do)")
     ap.add_argument("--profile", action="store_true",
                     help="after timing, print each provider's GPU kernels of one step")
+    ap.add_argument("--model", default=MODELS[0], choices=MODELS,
+                    help="the model's shape (default llama_3_2_1b)")
+    ap.add_argument("--amp", action="store_true",
+                    help="float32 weights, forwards under torch.autocast bf16 (as "
+                         "Trainer(bf16=True))")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.batch is None:
@@ -372,7 +421,7 @@ def main():
     print_table(res, info, args, batch)
     for n in notes:
         print(f"note: {n}")
-    ok = check(res, args, llama_config(args.tiny).vocab_size)
+    ok = check(res, args, model_config(args).vocab_size)
     out = args.out if args.out is not None else ("" if args.tiny else str(RESULTS_DIR))
     if out:
         slug = re.sub(r"[^a-z0-9]+", "-", info["gpu"].lower()).strip("-")

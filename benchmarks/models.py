@@ -36,6 +36,9 @@ MODELS = {m.name: m for m in [
     ModelConfig("gemma_2_9b", 3584, 14336, 256000, 16, 8, 256, 1e-6,
                 rms_offset=1.0, rms_casting_mode="gemma", mlp_act="gelu_tanh"),
     ModelConfig("mistral_7b", 4096, 14336, 32000, 32, 8, 128, 1e-5),
+    # Llama 4 Scout's text model (its dense MLP width; the MoE experts use 8192).
+    ModelConfig("llama_4_scout", 5120, 16384, 202048, 40, 8, 128, 1e-5),
+    ModelConfig("qwen2_vl_7b", 3584, 18944, 152064, 28, 4, 128, 1e-6),
 ]}
 
 

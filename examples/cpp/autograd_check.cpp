@@ -235,6 +235,19 @@ void check_poly_norm() {
   check_double_backward("poly_norm", full, {x, w, b}, 0);
 }
 
+void check_group_norm() {
+  const at::Tensor x = randn({2, 6, 5}), w = 1.0 + 0.3 * randn({6}), b = randn({6});
+  auto full = [](const Tensors& t) {
+    return one(fk::group_norm(t[0], opt(t[1]), opt(t[2]), 3));
+  };
+  gradcheck("group_norm", full, {x, w, b}, {true, true, true});
+  gradcheck("group_norm frozen weight", full, {x, w, b}, {true, false, true});
+  gradcheck("group_norm without weight", full, {x, at::Tensor(), b}, {true, false, true});
+  gradcheck("group_norm without parameters", full, {x, at::Tensor(), at::Tensor()},
+            {true, false, false});
+  check_double_backward("group_norm", full, {x, w, b}, 0);
+}
+
 void check_softmax() {
   const at::Tensor x = randn({3, 4, 5});
   for (const int64_t dim : {-1, 0, 1}) {
@@ -321,6 +334,41 @@ void check_rope() {
   }
 }
 
+void check_llama4_rope() {
+  const at::Tensor q = randn({2, 4, 3, 8}), k = randn({2, 4, 1, 8});
+  const at::Tensor freqs = at::view_as_complex(randn({2, 4, 4, 2}));
+  for (const bool real : {false, true}) {
+    const at::Tensor f = real ? at::view_as_real(freqs) : freqs;
+    gradcheck(std::string("llama4_rope freqs ") + (real ? "real" : "complex"),
+              [=](const Tensors& t) {
+                auto [qo, ko] = fk::llama4_rope(t[0], t[1], f);
+                return Tensors{qo, ko};
+              },
+              {q, k}, {true, true});
+  }
+  check_double_backward("llama4_rope", [=](const Tensors& t) {
+    auto [qo, ko] = fk::llama4_rope(t[0], t[1], freqs);
+    return Tensors{qo, ko};
+  }, {q, k}, 0);
+}
+
+void check_qwen2vl_mrope() {
+  const at::Tensor q = randn({2, 3, 4, 8}), k = randn({2, 1, 4, 8});
+  const at::Tensor cos = randn({3, 2, 4, 8}), sin = randn({3, 2, 4, 8});
+  for (const bool interleaved : {false, true}) {
+    gradcheck(std::string("qwen2vl_mrope interleaved=") + (interleaved ? "true" : "false"),
+              [=](const Tensors& t) {
+                auto [qo, ko] = fk::qwen2vl_mrope(t[0], t[1], cos, sin, {2, 1, 1}, interleaved);
+                return Tensors{qo, ko};
+              },
+              {q, k}, {true, true});
+  }
+  check_double_backward("qwen2vl_mrope", [=](const Tensors& t) {
+    auto [qo, ko] = fk::qwen2vl_mrope(t[0], t[1], cos, sin, {2, 1, 1});
+    return Tensors{qo, ko};
+  }, {q, k}, 0);
+}
+
 void check_swiglu_linear() {
   const at::Tensor x = randn({2, 3, 8}), wg = 0.3 * randn({5, 8}), wu = 0.3 * randn({5, 8});
   for (const bool recompute : {false, true}) {
@@ -379,6 +427,25 @@ void check_cross_entropy() {
   } else {
     ok(what);
   }
+
+  // The loss comes in the logits' dtype unless loss_dtype says otherwise; the gradient is
+  // the same either way.
+  const std::string what_dtype = "cross_entropy loss_dtype";
+  at::Tensor a = logits.to(at::kFloat).requires_grad_(true);
+  at::Tensor b = logits.to(at::kFloat).requires_grad_(true);
+  const at::Tensor loss_default = fk::cross_entropy(a, target);
+  const at::Tensor loss_double = fk::cross_entropy(b, target, std::nullopt, -100, 0.0, "mean",
+                                                   0.0, std::nullopt, true, at::kDouble);
+  loss_default.backward();
+  loss_double.backward();
+  if (loss_default.scalar_type() != at::kFloat || loss_double.scalar_type() != at::kDouble) {
+    fail(what_dtype, "wrong loss dtype");
+  } else if (!at::equal(loss_double.to(at::kFloat), loss_default) ||
+             !at::equal(a.grad(), b.grad())) {
+    fail(what_dtype, "the loss or the gradient depends on loss_dtype");
+  } else {
+    ok(what_dtype);
+  }
 }
 
 void check_jsd() {
@@ -394,6 +461,8 @@ void check_jsd() {
             {true});
   check_double_backward(
       "jsd", [=](const Tensors& t) { return one(fk::jsd(t[0] * 1.0, y, labels)); }, {x}, 0);
+}
+
 void check_kl_div() {
   const at::Tensor input = at::log_softmax(randn({5, 7}), -1);
   const at::Tensor target = at::softmax(randn({5, 7}), -1);
@@ -466,6 +535,8 @@ void check_tvd() {
             {p}, {true});
   check_double_backward(
       "tvd", [=](const Tensors& t) { return one(fk::tvd(t[0] * 1.0, q, labels)); }, {p}, 0);
+}
+
 void check_fused_linear_jsd() {
   const at::Tensor xs = randn({5, 4}), ws = randn({7, 4}), xt = randn({5, 3}), wt = randn({7, 3});
   const at::Tensor labels = at::tensor({1, 0, -100, 6, 3}, at::kLong);
@@ -497,9 +568,12 @@ int main() {
     check_softmax();
     check_dyt();
     check_poly_norm();
+    check_group_norm();
     check_sparsemax();
     check_neighborhood_attention();
     check_rope();
+    check_llama4_rope();
+    check_qwen2vl_mrope();
     check_swiglu_linear();
     check_cross_entropy();
     check_fused_linear_cross_entropy();

@@ -576,6 +576,72 @@ class PolyNormFunction : public torch::autograd::Function<PolyNormFunction> {
   }
 };
 
+// --- group_norm: on fk::_group_norm_forward (the backward needs its mean and rstd) -------
+
+class GroupNormFunction : public torch::autograd::Function<GroupNormFunction> {
+ public:
+  static constexpr const char* kOp = "fk::_group_norm_forward";
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const std::optional<at::Tensor>& weight,
+                               const std::optional<at::Tensor>& bias, int64_t num_groups,
+                               double eps) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, mean, rstd] = call(x, weight, bias, num_groups, eps);
+    ctx->save_for_backward(
+        {x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), mean, rstd});
+    ctx->saved_data["num_groups"] = num_groups;
+    ctx->mark_non_differentiable({mean, rstd});
+    return {y, mean, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const std::optional<at::Tensor> weight = detail::optional(saved[1]);
+    const std::optional<at::Tensor> bias = detail::optional(saved[2]);
+    // needs_input_grad counts tensor inputs only: without a weight, the bias is input 1.
+    const bool has_w = weight.has_value();
+    const std::array<bool, 3> mask = {
+        ctx->needs_input_grad(0), has_w && ctx->needs_input_grad(1),
+        bias.has_value() && ctx->needs_input_grad(has_w ? 2 : 1)};
+    const int64_t groups = ctx->saved_data["num_groups"].toInt();
+    return detail::once_differentiable(
+        kOp, grads, {&saved[0], &saved[1], &saved[2]}, [&](bool) {
+          static const auto op =
+              detail::op<Result(const at::Tensor&, const at::Tensor&,
+                                const std::optional<at::Tensor>&,
+                                const std::optional<at::Tensor>&, const at::Tensor&,
+                                const at::Tensor&, int64_t, std::array<bool, 3>)>(
+                  "fk::_group_norm_backward");
+          auto [dx, dw, db] =
+              op.call(grads[0], saved[0], weight, bias, saved[3], saved[4], groups, mask);
+          return variable_list{dx, dw, db, at::Tensor(), at::Tensor()};
+        });
+  }
+
+  // The Autograd kernel of fk::_group_norm_forward.
+  static Result kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                       const std::optional<at::Tensor>& bias, int64_t num_groups, double eps) {
+    if (!detail::records({&x, detail::ptr(weight), detail::ptr(bias)})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(x, weight, bias, num_groups, eps);
+    }
+    auto out = apply(x, weight, bias, num_groups, eps);
+    return {out[0], out[1], out[2]};
+  }
+
+ private:
+  static Result call(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                     const std::optional<at::Tensor>& bias, int64_t num_groups, double eps) {
+    static const auto op =
+        detail::op<Result(const at::Tensor&, const std::optional<at::Tensor>&,
+                          const std::optional<at::Tensor>&, int64_t, double)>(
+            "fk::_group_norm_forward");
+    return op.call(x, weight, bias, num_groups, eps);
+  }
+};
+
 // --- softmax: on fk::softmax (the backward needs only its output) --------------------------
 
 class SoftmaxFunction : public torch::autograd::Function<SoftmaxFunction> {
@@ -812,6 +878,104 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
   }
 };
 
+// --- llama4_rope: on fk::llama4_rope (the backward needs only freqs_cis) ---------------------
+
+class Llama4RopeFunction : public torch::autograd::Function<Llama4RopeFunction> {
+ public:
+  static constexpr const char* kOp = "fk::llama4_rope";
+  using Result = std::tuple<at::Tensor, at::Tensor>;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& freqs) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [qo, ko] = call("fk::llama4_rope", q, k, freqs);
+    ctx->save_for_backward({freqs});
+    return {qo, ko};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    return detail::once_differentiable(kOp, grads, {&saved[0]}, [&](bool) {
+      auto [dq, dk] = call("fk::_llama4_rope_backward", grads[0], grads[1], saved[0]);
+      return variable_list{dq, dk, at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::llama4_rope.
+  static Result kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs) {
+    if (!detail::records({&q, &k, &freqs})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call("fk::llama4_rope", q, k, freqs);
+    }
+    auto out = apply(q, k, freqs);
+    return {out[0], out[1]};
+  }
+
+ private:
+  // fk::llama4_rope and fk::_llama4_rope_backward share their signature.
+  static Result call(const char* name, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& freqs) {
+    using Signature = Result(const at::Tensor&, const at::Tensor&, const at::Tensor&);
+    static const auto fwd = detail::op<Signature>("fk::llama4_rope");
+    static const auto backward = detail::op<Signature>("fk::_llama4_rope_backward");
+    const auto& op = std::string_view(name) == "fk::llama4_rope" ? fwd : backward;
+    return op.call(q, k, freqs);
+  }
+};
+
+// --- qwen2vl_mrope: on fk::qwen2vl_mrope (the backward needs only cos and sin) ---------------
+
+class Qwen2vlMropeFunction : public torch::autograd::Function<Qwen2vlMropeFunction> {
+ public:
+  static constexpr const char* kOp = "fk::qwen2vl_mrope";
+  using Result = std::tuple<at::Tensor, at::Tensor>;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& cos, const at::Tensor& sin,
+                               at::IntArrayRef mrope_section, bool interleaved) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [qo, ko] = call("fk::qwen2vl_mrope", q, k, cos, sin, mrope_section, interleaved);
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["mrope_section"] = mrope_section.vec();
+    ctx->saved_data["interleaved"] = interleaved;
+    return {qo, ko};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    return detail::once_differentiable(kOp, grads, {&saved[0], &saved[1]}, [&](bool) {
+      const auto section = ctx->saved_data["mrope_section"].toIntVector();
+      auto [dq, dk] = call("fk::_qwen2vl_mrope_backward", grads[0], grads[1], saved[0],
+                           saved[1], section, ctx->saved_data["interleaved"].toBool());
+      return variable_list{dq, dk, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::qwen2vl_mrope.
+  static Result kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                       const at::Tensor& sin, at::IntArrayRef mrope_section, bool interleaved) {
+    if (!detail::records({&q, &k, &cos, &sin})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call("fk::qwen2vl_mrope", q, k, cos, sin, mrope_section, interleaved);
+    }
+    auto out = apply(q, k, cos, sin, mrope_section, interleaved);
+    return {out[0], out[1]};
+  }
+
+ private:
+  // fk::qwen2vl_mrope and fk::_qwen2vl_mrope_backward share their signature.
+  static Result call(const char* name, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& cos, const at::Tensor& sin,
+                     at::IntArrayRef mrope_section, bool interleaved) {
+    using Signature = Result(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const at::Tensor&, at::IntArrayRef, bool);
+    static const auto fwd = detail::op<Signature>("fk::qwen2vl_mrope");
+    static const auto backward = detail::op<Signature>("fk::_qwen2vl_mrope_backward");
+    const auto& op = std::string_view(name) == "fk::qwen2vl_mrope" ? fwd : backward;
+    return op.call(q, k, cos, sin, mrope_section, interleaved);
+  }
+};
+
 // --- swiglu_linear: on fk::_swiglu_linear_forward (the backward needs the factors s, t it
 // returns, or forms them again from x and the weights when they were not returned) ---------
 //
@@ -916,6 +1080,17 @@ class SwigluLinearFunction : public torch::autograd::Function<SwigluLinearFuncti
 
 namespace detail {
 
+// The dtype fk::cross_entropy and fk::fused_linear_cross_entropy return their losses in:
+// loss_dtype, or like's dtype when unset (the message of the ops' own check).
+inline at::ScalarType loss_output_dtype(const char* op, const at::Tensor& like,
+                                        std::optional<at::ScalarType> loss_dtype) {
+  if (!loss_dtype.has_value()) return like.scalar_type();
+  const auto d = *loss_dtype;
+  TORCH_CHECK(d == at::kFloat || d == at::kDouble || d == at::kBFloat16 || d == at::kHalf, op,
+              ": loss_dtype must be None, float32, float64, bfloat16 or float16, got ", d);
+  return d;
+}
+
 // The backward of a gradient the forward computed for a grad_output of 1 (2-D): scaled by
 // grad_loss in place where that is safe (plain eager, the graph not retained, no
 // higher-order graph) and returned as a new tensor object on the same memory (so a leaf's
@@ -1006,17 +1181,19 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
                        const std::optional<at::Tensor>& weight, int64_t ignore_index,
                        double label_smoothing, c10::string_view reduction,
                        double lse_square_scale, std::optional<double> softcap,
-                       bool grad_in_logits) {
+                       bool grad_in_logits, std::optional<at::ScalarType> loss_dtype) {
+    const auto dtype = detail::loss_output_dtype(kOp, logits, loss_dtype);
     if (!at::GradMode::is_enabled() || !logits.requires_grad()) {
       // No gradient wanted (class weights are not differentiated, as in torch): losses only.
       at::AutoDispatchBelowADInplaceOrView guard;
       auto [loss, z, grad] = forward_op(logits, target, weight, ignore_index, label_smoothing,
                                         reduction, lse_square_scale, softcap, false);
-      return {loss, z};
+      return {loss.to(dtype), z.to(dtype)};
     }
     auto out = apply(logits, target, weight, ignore_index, label_smoothing, reduction,
                      lse_square_scale, softcap, grad_in_logits);
-    return {out[0], out[1]};
+    // Rounded once to the output dtype; autograd casts grad_output back to float32.
+    return {out[0].to(dtype), out[1].to(dtype)};
   }
 
  private:
@@ -1049,39 +1226,6 @@ class JsdFunction : public torch::autograd::Function<JsdFunction> {
     ctx->set_materialize_grads(false);
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [loss, grad] = forward_op(input, target, shift_labels, beta, ignore_index, true);
-    ctx->save_for_backward({grad});
-    return {loss};
-// --- kl_div: on fk::kl_div (a kernel of its own, as in Python: for a reduction the forward
-// computes the gradient, which the backward scales with cross entropy's scaling op) ----------
-
-class KlDivFunction : public torch::autograd::Function<KlDivFunction> {
- public:
-  static constexpr const char* kOp = "fk::kl_div";
-
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& target, c10::string_view reduction,
-                            bool log_target, double eps) {
-    ctx->set_materialize_grads(false);
-    at::AutoDispatchBelowADInplaceOrView guard;
-    auto [loss, grad] = forward_op(input, target, reduction, log_target, eps, true);
-    const bool none = reduction == c10::string_view("none");
-    ctx->saved_data["none"] = none;
-    ctx->saved_data["log_target"] = log_target;
-    ctx->save_for_backward({none ? target : grad});
-    return loss;
-// --- tvd: on fk::tvd (a kernel of its own, as in Python: the forward computes the gradient
-// with respect to p into a new buffer; q gets none) ---------------------------------------------
-
-class TvdFunction : public torch::autograd::Function<TvdFunction> {
- public:
-  static constexpr const char* kOp = "fk::tvd";
-
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& p, const at::Tensor& q,
-                               const std::optional<at::Tensor>& shift_labels,
-                               c10::string_view reduction, int64_t ignore_index) {
-    ctx->set_materialize_grads(false);
-    at::AutoDispatchBelowADInplaceOrView guard;
-    auto [loss, grad] = forward_op(p, q, shift_labels, reduction, ignore_index, true);
     ctx->save_for_backward({grad});
     return {loss};
   }
@@ -1118,6 +1262,32 @@ class TvdFunction : public torch::autograd::Function<TvdFunction> {
             const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double,
             int64_t, bool)>("fk::_jsd_forward");
     return op.call(input, target, shift_labels, beta, ignore_index, compute_grad);
+  }
+};
+
+// --- kl_div: on fk::kl_div (a kernel of its own, as in Python: for a reduction the forward
+// computes the gradient, which the backward scales with cross entropy's scaling op) ----------
+
+class KlDivFunction : public torch::autograd::Function<KlDivFunction> {
+ public:
+  static constexpr const char* kOp = "fk::kl_div";
+
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& target, c10::string_view reduction,
+                            bool log_target, double eps) {
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [loss, grad] = forward_op(input, target, reduction, log_target, eps, true);
+    const bool none = reduction == c10::string_view("none");
+    ctx->saved_data["none"] = none;
+    ctx->saved_data["log_target"] = log_target;
+    ctx->save_for_backward({none ? target : grad});
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(5);
+    if (!grads[0].defined()) return out;
     const at::Tensor saved = ctx->get_saved_variables()[0];
     if (!ctx->saved_data["none"].toBool()) {
       // The stored gradient in the (rows, last dim) form the scaling op takes.
@@ -1164,6 +1334,29 @@ class TvdFunction : public torch::autograd::Function<TvdFunction> {
                                                       c10::string_view, bool, double, bool)>(
             "fk::_kl_div_forward");
     return op.call(input, target, reduction, log_target, eps, compute_grad);
+  }
+};
+
+// --- tvd: on fk::tvd (a kernel of its own, as in Python: the forward computes the gradient
+// with respect to p into a new buffer; q gets none) ---------------------------------------------
+
+class TvdFunction : public torch::autograd::Function<TvdFunction> {
+ public:
+  static constexpr const char* kOp = "fk::tvd";
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& p, const at::Tensor& q,
+                               const std::optional<at::Tensor>& shift_labels,
+                               c10::string_view reduction, int64_t ignore_index) {
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [loss, grad] = forward_op(p, q, shift_labels, reduction, ignore_index, true);
+    ctx->save_for_backward({grad});
+    return {loss};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(5);
+    if (!grads[0].defined()) return out;
     at::Tensor stored = ctx->get_saved_variables()[0];
     static const auto scaled =
         detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fk::_tvd_backward");
@@ -1318,7 +1511,9 @@ class FusedLinearCrossEntropyFunction
                        double label_smoothing, c10::string_view reduction,
                        double lse_square_scale, std::optional<double> softcap,
                        std::optional<int64_t> chunk_size,
-                       std::optional<at::ScalarType> accum_dtype) {
+                       std::optional<at::ScalarType> accum_dtype,
+                       std::optional<at::ScalarType> loss_dtype) {
+    const auto dtype = detail::loss_output_dtype(kOp, x, loss_dtype);
     const bool grad_mode = at::GradMode::is_enabled();
     const std::array<bool, 3> mask = {
         grad_mode && x.requires_grad(), grad_mode && weight.requires_grad(),
@@ -1329,11 +1524,12 @@ class FusedLinearCrossEntropyFunction
       auto r = forward_op(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
                           reduction, lse_square_scale, softcap, chunk_size, accum_dtype,
                           {false, false, false}, std::nullopt);
-      return {std::get<0>(r), std::get<1>(r)};
+      return {std::get<0>(r).to(dtype), std::get<1>(r).to(dtype)};
     }
     auto out = apply(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
                      reduction, lse_square_scale, softcap, chunk_size, accum_dtype, mask);
-    return {out[0], out[1]};
+    // Rounded once to the output dtype; autograd casts grad_output back to float32.
+    return {out[0].to(dtype), out[1].to(dtype)};
   }
 
  private:
@@ -1449,10 +1645,13 @@ inline void register_kernels(torch::Library& m) {
   m.impl("softmax", &SoftmaxFunction::kernel);
   m.impl("dyt", &DytFunction::kernel);
   m.impl("_poly_norm_forward", &PolyNormFunction::kernel);
+  m.impl("_group_norm_forward", &GroupNormFunction::kernel);
   m.impl("sparsemax", &SparsemaxFunction::kernel);
   m.impl("_fused_add_rms_norm_forward", &FusedAddRmsNormFunction::kernel);
   m.impl("rope", &RopeFunction::kernel);
   m.impl("rope_", &RopeFunction::in_place_kernel);
+  m.impl("llama4_rope", &Llama4RopeFunction::kernel);
+  m.impl("qwen2vl_mrope", &Qwen2vlMropeFunction::kernel);
   m.impl("_swiglu_linear_forward", &SwigluLinearFunction::kernel);
   m.impl("cross_entropy", &CrossEntropyFunction::kernel);
   m.impl("fused_linear_cross_entropy", &FusedLinearCrossEntropyFunction::kernel);
@@ -1469,14 +1668,16 @@ inline void register_kernels(torch::Library& m) {
 // Python's fk registers them on:
 //   the public op:        fk::swiglu, fk::geglu, fk::softmax, fk::dyt, fk::sparsemax,
 //                         fk::rope, fk::rope_ (which refuses q and k that require grad),
+//                         fk::llama4_rope, fk::qwen2vl_mrope,
 //                         fk::cross_entropy, fk::fused_linear_cross_entropy, fk::jsd,
 //                         fk::kl_div (which refuses a target that requires grad), fk::tvd,
 //                         fk::fused_linear_jsd;
 //   the internal forward: fk::_rms_norm_forward, fk::_fused_add_rms_norm_forward,
 //                         fk::_layer_norm_forward, fk::_swiglu_linear_forward,
-//                         fk::_poly_norm_forward, fk::_neighborhood_attention_forward
-//                         (fk::rms_norm, fk::fused_add_rms_norm, fk::layer_norm,
-//                         fk::swiglu_linear, fk::poly_norm, fk::neighborhood_attention are
+//                         fk::_poly_norm_forward, fk::_group_norm_forward,
+//                         fk::_neighborhood_attention_forward (fk::rms_norm,
+//                         fk::fused_add_rms_norm, fk::layer_norm, fk::swiglu_linear,
+//                         fk::poly_norm, fk::group_norm, fk::neighborhood_attention are
 //                         CompositeImplicitAutograd kernels calling them).
 // Call it once in a C++ program without Python, before differentiating through fk's ops
 // (directly or in a TorchScript module); further calls do nothing. Never call it in a

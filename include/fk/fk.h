@@ -83,21 +83,25 @@ inline std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(
 // Cross entropy of (N, V) logits and (N,) int64 targets with torch's weight, ignore_index,
 // label_smoothing and reduction ("mean" / "sum" / "none"), plus lse_square_scale *
 // logsumexp^2 per row (z-loss) and an optional softcap (logits -> softcap * tanh(logits /
-// softcap)). Returns the float32 loss. grad_in_logits: the gradient is written into the
-// logits' memory during the forward (when they require grad); their values are gone after.
+// softcap)). Returns the loss in loss_dtype (unset: the logits' dtype), computed in
+// float32. A target neither ignore_index nor in [0, V) raises (a device-side assert on
+// CUDA). grad_in_logits: the gradient is written into the logits' memory during the
+// forward (when they require grad); their values are gone after.
 inline at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target,
                                 const std::optional<at::Tensor>& weight = std::nullopt,
                                 int64_t ignore_index = -100, double label_smoothing = 0.0,
                                 const std::string& reduction = "mean",
                                 double lse_square_scale = 0.0,
                                 std::optional<double> softcap = std::nullopt,
-                                bool grad_in_logits = true) {
+                                bool grad_in_logits = true,
+                                std::optional<at::ScalarType> loss_dtype = std::nullopt) {
   static const auto op =
       detail::op<std::tuple<at::Tensor, at::Tensor>(
           const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t,
-          double, c10::string_view, double, std::optional<double>, bool)>("fk::cross_entropy");
+          double, c10::string_view, double, std::optional<double>, bool,
+          std::optional<at::ScalarType>)>("fk::cross_entropy");
   return std::get<0>(op.call(logits, target, weight, ignore_index, label_smoothing, reduction,
-                             lse_square_scale, softcap, grad_in_logits));
+                             lse_square_scale, softcap, grad_in_logits, loss_dtype));
 }
 
 // Generalized Jensen-Shannon divergence (Liger Kernel's JSD) of (BT, V) student
@@ -112,6 +116,8 @@ inline at::Tensor jsd(const at::Tensor& input, const at::Tensor& target,
       detail::op<at::Tensor(const at::Tensor&, const at::Tensor&,
                             const std::optional<at::Tensor>&, double, int64_t)>("fk::jsd");
   return op.call(input, target, shift_labels, beta, ignore_index);
+}
+
 // torch.nn.functional.kl_div(input, target, reduction, log_target) with the target clamped
 // to at least eps before its log (t * log(t) = 0 where t == 0): input log-probabilities,
 // target probabilities (log-probabilities with log_target) of the same shape and dtype;
@@ -129,7 +135,8 @@ inline at::Tensor kl_div(const at::Tensor& input, const at::Tensor& target,
 
 // cross_entropy(x @ weight^T + bias, target, ce_weight, ...) without the (N, V) logits:
 // x (N, H), weight (V, H), bias (V,); chunk_size rows at a time (from the shapes when
-// unset); grad_weight / grad_bias summed in accum_dtype (default: the weight's dtype).
+// unset); grad_weight / grad_bias summed in accum_dtype (default: the weight's dtype); the
+// loss in loss_dtype (unset: x's dtype), computed in float32.
 inline at::Tensor fused_linear_cross_entropy(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
     const std::optional<at::Tensor>& bias = std::nullopt,
@@ -137,15 +144,18 @@ inline at::Tensor fused_linear_cross_entropy(
     double label_smoothing = 0.0, const std::string& reduction = "mean",
     double lse_square_scale = 0.0, std::optional<double> softcap = std::nullopt,
     std::optional<int64_t> chunk_size = std::nullopt,
-    std::optional<at::ScalarType> accum_dtype = std::nullopt) {
+    std::optional<at::ScalarType> accum_dtype = std::nullopt,
+    std::optional<at::ScalarType> loss_dtype = std::nullopt) {
   static const auto op =
       detail::op<std::tuple<at::Tensor, at::Tensor>(
           const at::Tensor&, const at::Tensor&, const at::Tensor&,
           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, double,
           c10::string_view, double, std::optional<double>, std::optional<int64_t>,
-          std::optional<at::ScalarType>)>("fk::fused_linear_cross_entropy");
+          std::optional<at::ScalarType>, std::optional<at::ScalarType>)>(
+          "fk::fused_linear_cross_entropy");
   return std::get<0>(op.call(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
-                             reduction, lse_square_scale, softcap, chunk_size, accum_dtype));
+                             reduction, lse_square_scale, softcap, chunk_size, accum_dtype,
+                             loss_dtype));
 }
 
 // Total variation distance 0.5 * |p - q| between (BT, V) probabilities p and q (one dtype),
@@ -160,6 +170,8 @@ inline at::Tensor tvd(const at::Tensor& p, const at::Tensor& q,
                             const std::optional<at::Tensor>&, c10::string_view, int64_t)>(
           "fk::tvd");
   return op.call(p, q, shift_labels, reduction, ignore_index);
+}
+
 // The generalized Jensen-Shannon divergence between a student's and a frozen teacher's heads
 // without their logits: log_softmax(student_input @ student_weight^T / temperature) (log q)
 // against log_softmax(teacher_input @ teacher_weight^T / temperature) (log p), beta *
@@ -249,6 +261,8 @@ inline at::Tensor poly_norm(const at::Tensor& x, const at::Tensor& weight,
       detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>(
           "fk::poly_norm");
   return op.call(x, weight, bias, eps);
+}
+
 // Sparsemax over dim: the projection of each slice onto the probability simplex,
 // max(x - tau, 0) with tau chosen so that the slice sums to 1, in fp32, rounded to x's dtype
 // (a slice with +inf or NaN, or only -inf, gives NaN). Any dim; the last one is the fast path.
@@ -302,6 +316,50 @@ inline void rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at:
       detail::op<void(at::Tensor&, at::Tensor&, const at::Tensor&, const at::Tensor&,
                       std::optional<int64_t>, bool)>("fk::rope_");
   op.call(q, k, cos, sin, rotary_dim, interleaved);
+}
+
+// Llama 4's rotary embedding of q (B, S, Hq, D) and k (B, S, Hkv, D): each adjacent pair
+// (x[2i], x[2i+1]) read as a complex number times freqs_cis[..., s, i], in fp32. freqs_cis:
+// complex64 (S, D/2) or (1 or B, S, D/2), or its view_as_real (..., D/2, 2) in float32 or
+// q's dtype. Returns new (q_out, k_out) laid out like q and k.
+inline std::tuple<at::Tensor, at::Tensor> llama4_rope(const at::Tensor& q, const at::Tensor& k,
+                                                      const at::Tensor& freqs_cis) {
+  static const auto op =
+      detail::op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&)>("fk::llama4_rope");
+  return op.call(q, k, freqs_cis);
+}
+
+// Multimodal rotary embedding (Qwen2-VL / Qwen2.5-VL; Qwen3-VL with interleaved) of
+// q (B, Hq, S, D) and k (B, Hkv, S, D): x * cos_m + rotate_half(x) * sin_m, in fp32, where
+// rotating pair i takes cos / sin (3, 1 or B, S, D) from the temporal, height or width stream
+// as mrope_section = {t, h, w} (summing to D / 2) assigns it. Returns new (q_out, k_out)
+// laid out like q and k.
+inline std::tuple<at::Tensor, at::Tensor> qwen2vl_mrope(const at::Tensor& q, const at::Tensor& k,
+                                                        const at::Tensor& cos,
+                                                        const at::Tensor& sin,
+                                                        at::IntArrayRef mrope_section,
+                                                        bool interleaved = false) {
+  static const auto op =
+      detail::op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&, const at::Tensor&,
+                                                    at::IntArrayRef, bool)>("fk::qwen2vl_mrope");
+  return op.call(q, k, cos, sin, mrope_section, interleaved);
+}
+
+// GroupNorm of x (N, C, *): C split into num_groups groups of consecutive channels; per
+// (sample, group), (x - mean) * rsqrt(var + eps) (biased variance over the group's channels
+// and trailing positions) * weight[c] + bias[c], in fp32, rounded once to x's dtype.
+// weight, bias: (C,) or absent, float32 or x's dtype. eps defaults to 1e-6 (torch's
+// nn.GroupNorm: 1e-5).
+inline at::Tensor group_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                             const std::optional<at::Tensor>& bias, int64_t num_groups,
+                             double eps = 1e-6) {
+  static const auto op =
+      detail::op<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&,
+                            const std::optional<at::Tensor>&, int64_t, double)>(
+          "fk::group_norm");
+  return op.call(x, weight, bias, num_groups, eps);
 }
 
 }  // namespace fk

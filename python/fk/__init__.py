@@ -23,11 +23,14 @@ from .ops.fused_add_rms_norm import fused_add_rms_norm  # noqa: E402
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from .ops.fused_linear_jsd import fused_linear_jsd  # noqa: E402
 from .ops.geglu import geglu  # noqa: E402
+from .ops.group_norm import group_norm  # noqa: E402
 from .ops.jsd import jsd  # noqa: E402
 from .ops.kl_div import kl_div  # noqa: E402
 from .ops.layer_norm import layer_norm  # noqa: E402
+from .ops.llama4_rope import llama4_rope  # noqa: E402
 from .ops.neighborhood_attention import neighborhood_attention  # noqa: E402
 from .ops.poly_norm import poly_norm  # noqa: E402
+from .ops.qwen2vl_mrope import qwen2vl_mrope  # noqa: E402
 from .ops.rms_norm import rms_norm  # noqa: E402
 from .ops.rope import rope, rope_  # noqa: E402
 from .ops.softmax import softmax  # noqa: E402
@@ -42,8 +45,8 @@ __version__ = "0.1.0"
 cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
 __all__ = ["cross_entropy", "dyt", "fused_add_rms_norm", "fused_linear_cross_entropy",
-           "fused_linear_jsd", "geglu", "jsd", "kl_div", "layer_norm", "neighborhood_attention",
-           "poly_norm", "rms_norm",
+           "fused_linear_jsd", "geglu", "group_norm", "jsd", "kl_div", "layer_norm",
+           "llama4_rope", "neighborhood_attention", "poly_norm", "qwen2vl_mrope", "rms_norm",
            "rope", "rope_", "softmax", "sparsemax", "swiglu", "swiglu_linear", "tvd",
            "nn", "build_info", "cmake_prefix_path"]
 

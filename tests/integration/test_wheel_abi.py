@@ -228,6 +228,8 @@ def _composite_calls():
          r"^fk::fused_linear_jsd: teacher_weight must have shape"),
         ("poly_norm", lambda: torch.ops.fk.poly_norm(f(2, 8), f(4), f(1)),
          r"^fk::poly_norm: weight must have shape \(3,\)"),
+        ("group_norm", lambda: torch.ops.fk.group_norm(f(2, 6, 3), None, None, 4),
+         r"^fk::group_norm: num_groups \(4\) must divide the number of channels \(6\)"),
         ("neighborhood_attention",
          lambda: torch.ops.fk.neighborhood_attention(f(1, 2, 8, 4), f(1, 2, 8, 4), f(1, 2, 8, 4),
                                                      4),
@@ -235,7 +237,7 @@ def _composite_calls():
     ]
 
 
-@pytest.mark.parametrize("index", range(9))
+@pytest.mark.parametrize("index", range(10))
 def test_composite_ops_raise_their_own_messages(index):
     """The public ops whose C++ kernel calls an internal one through the stable dispatcher
     (as TorchScript and C++ programs call them): a mistake raises fk's message, not the

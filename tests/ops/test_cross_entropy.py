@@ -2,6 +2,10 @@
 opcheck, torch.compile, TorchScript, bad input, the gradient-in-logits contract, and the
 CUDA kernels (marker ``cuda``)."""
 import math
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -250,8 +254,8 @@ def test_cpu_forward_backward(dtype, option, reduction):
     kw = _kwargs(option, w, reduction)
     ref_loss, ref_z = ref_cross_entropy(x, t, **kw)
     xa = x.clone().requires_grad_()
-    loss, z = fk.cross_entropy(xa, t, return_z_loss=True, **kw)
     loss_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    loss, z = fk.cross_entropy(xa, t, return_z_loss=True, loss_dtype=loss_dtype, **kw)
     assert loss.dtype == loss_dtype and loss.shape == ref_loss.shape and z.shape == ref_z.shape
     assert_close(loss, ref_loss, loss_dtype, factor=2, what="loss")
     assert_close(z, ref_z, loss_dtype, factor=2, what="z")
@@ -260,6 +264,16 @@ def test_cpu_forward_backward(dtype, option, reduction):
     loss.backward(g_out)
     # The gradient is rounded to the dtype in the forward and once more when scaled.
     assert_close(xa.grad, _ref_grad(x, t, kw, g_out), dtype, factor=3, what="grad")
+    # By default the losses come in the logits' dtype: the float32 values rounded once; the
+    # gradient is the same.
+    xb = x.clone().requires_grad_()
+    loss_d, z_d = fk.cross_entropy(xb, t, return_z_loss=True, **kw)
+    assert loss_d.dtype == dtype and z_d.dtype == dtype
+    assert torch.equal(loss_d, loss.detach().to(dtype)) and torch.equal(z_d, z.to(dtype))
+    loss_d.backward(g_out.to(dtype))
+    if dtype in (torch.float32, torch.float64) or torch.equal(g_out.to(dtype).to(loss_dtype),
+                                                              g_out):
+        assert torch.equal(xb.grad, xa.grad)
 
 
 def test_cpu_grad_loss_with_a_storage_offset():
@@ -330,14 +344,43 @@ def test_empty_and_degenerate():
     assert math.isnan(F.cross_entropy(x1, all_ignored).item())
 
 
-def test_bad_target_gives_nan_not_a_sync():
-    x, t, w = _inputs(4, 10, ignore=())
-    t[2] = 10
-    out = fk.cross_entropy(x, t, reduction="none")
-    assert torch.isnan(out[2]) and not torch.isnan(out[[0, 1, 3]]).any()
-    assert math.isnan(fk.cross_entropy(x, t).item())
-    t[2] = -5
-    assert math.isnan(fk.cross_entropy(x, t, weight=w, reduction="sum").item())
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("bad", [10, 11, -5, -101])
+def test_bad_target_raises(reduction, bad):
+    x, t, w = _inputs(4, 10, ignore=(1,))
+    t[2] = bad
+    msg = re.escape(f"fk::cross_entropy: target {bad} (row 2) is out of range: each target "
+                    "must be in [0, 10) (V = 10) or ignore_index (-100)")
+    for kw in (dict(), dict(weight=w, label_smoothing=0.1)):
+        with pytest.raises(RuntimeError, match=msg):
+            fk.cross_entropy(x, t, reduction=reduction, **kw)
+        with pytest.raises(RuntimeError, match=msg):
+            fk.cross_entropy(x.clone().requires_grad_(), t, reduction=reduction, **kw)
+    # The same value as ignore_index is not out of range.
+    t[1] = 0
+    assert not torch.isnan(fk.cross_entropy(x, t, ignore_index=bad))
+
+
+def test_loss_dtype_option():
+    x, t, _ = _inputs(5, 33, torch.bfloat16, ignore=(2,))
+    ref = fk.cross_entropy(x, t, loss_dtype=torch.float32)
+    assert ref.dtype == torch.float32
+    assert_close(ref, ref_cross_entropy(x, t)[0], torch.float32, factor=2)
+    for d in (torch.float64, torch.float16, torch.bfloat16):
+        assert torch.equal(fk.cross_entropy(x, t, loss_dtype=d), ref.to(d))
+    assert fk.cross_entropy(x, t).dtype == torch.bfloat16
+    assert fk.cross_entropy(x.float(), t).dtype == torch.float32
+    # torch's dtype for the same call
+    assert fk.cross_entropy(x, t).dtype == F.cross_entropy(x, t).dtype
+    with pytest.raises(RuntimeError, match="fk::cross_entropy: loss_dtype must be None, "
+                       "float32, float64, bfloat16 or float16, got Long"):
+        fk.cross_entropy(x, t, loss_dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="loss_dtype must be None"):
+        fk.cross_entropy(x.clone().requires_grad_(), t, loss_dtype=torch.int64)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="loss_dtype must be None"):
+        torch.ops.fk.cross_entropy(x.to("meta"), t.to("meta"), loss_dtype=torch.int32)
+    m = fk.nn.CrossEntropyLoss(loss_dtype=torch.float32)
+    assert m(x, t).dtype == torch.float32 and fk.nn.CrossEntropyLoss()(x, t).dtype == x.dtype
 
 
 def test_nan_inf_propagate_like_torch():
@@ -612,6 +655,7 @@ def test_torchscript_module(tmp_path):
 
 # --- level 5: CUDA kernels -----------------------------------------------------------------
 
+F32 = torch.float32
 CUDA_V = [1, 7, 100, 1000, 1024, 1025, 4097, 32000, 50257, 128256]
 
 
@@ -628,7 +672,7 @@ def test_cuda_matches_reference(dtype, v, option):
             k: (a.cpu() if isinstance(a, torch.Tensor) else a) for k, a in kw.items()})
         poison_cuda_cache()
         xa = x.clone().requires_grad_()
-        loss, z = fk.cross_entropy(xa * 1, t, return_z_loss=True, **kw)
+        loss, z = fk.cross_entropy(xa * 1, t, return_z_loss=True, loss_dtype=F32, **kw)
         assert_close(loss, ref_loss, torch.float32, factor=2, what="loss")
         assert_close(z, ref_z, torch.float32, factor=2, what="z")
         g_out = torch.rand(ref_loss.shape, device="cuda") + 0.5
@@ -641,11 +685,15 @@ def test_cuda_matches_reference(dtype, v, option):
         assert_close(xa.grad, ref_g, dtype, factor=3, what="grad")
         # Out of place and without a gradient: the same losses.
         xb = x.clone().requires_grad_()
-        loss_b = fk.cross_entropy(xb, t, grad_in_logits=False, **kw)
+        loss_b = fk.cross_entropy(xb, t, grad_in_logits=False, loss_dtype=F32, **kw)
         assert torch.equal(xb.detach(), x)
         assert_close(loss_b, ref_loss, torch.float32, factor=2)
         with torch.no_grad():
-            assert_close(fk.cross_entropy(x, t, **kw), ref_loss, torch.float32, factor=2)
+            assert_close(fk.cross_entropy(x, t, loss_dtype=F32, **kw), ref_loss, torch.float32,
+                         factor=2)
+            # The default: the logits' dtype, the float32 value rounded once.
+            assert torch.equal(fk.cross_entropy(x, t, **kw),
+                               fk.cross_entropy(x, t, loss_dtype=F32, **kw).to(dtype))
 
 
 @pytest.mark.cuda
@@ -658,13 +706,13 @@ def test_cuda_llama_shape_one_row_misaligned_non_contiguous(dtype):
         ref_rows = ref_cross_entropy(xs, ts, reduction="none")[0]
         ref_g = _ref_grad(xs, ts, dict(reduction="none"), torch.ones(len(rows)))
         xa = x.clone().requires_grad_()
-        loss = fk.cross_entropy(xa, t, reduction="none")
+        loss = fk.cross_entropy(xa, t, reduction="none", loss_dtype=F32)
         loss.backward(torch.ones_like(loss))
         assert_close(loss[rows], ref_rows, torch.float32, factor=2)
         assert_close(xa.grad[rows], ref_g, dtype, factor=3)
         del xa, loss
         xb = x.clone().requires_grad_()
-        loss = fk.cross_entropy(xb, t)
+        loss = fk.cross_entropy(xb, t, loss_dtype=F32)
         assert_close(loss, F.cross_entropy(x.float(), t), torch.float32, factor=2)
         loss.backward()
         # The stored gradient is p / N in the logits' dtype: fp16 flushes the smallest
@@ -674,7 +722,7 @@ def test_cuda_llama_shape_one_row_misaligned_non_contiguous(dtype):
         del xb, x, loss
     x, t, _ = _inputs(5, 1001, dtype, "cuda")
     xm = misaligned(x).requires_grad_()
-    loss = fk.cross_entropy(xm, t, reduction="none")
+    loss = fk.cross_entropy(xm, t, reduction="none", loss_dtype=F32)
     assert_close(loss, ref_cross_entropy(x.cpu(), t.cpu(), reduction="none")[0], torch.float32,
                  factor=2)
     xt = x.t().contiguous().t().requires_grad_()
@@ -704,7 +752,7 @@ def test_cuda_rows_split_over_a_cluster(dtype):
         for reduction in ("none", "mean"):
             xa = x.clone().requires_grad_()
             loss, z = fk.cross_entropy(xa, t, reduction=reduction, lse_square_scale=1e-3,
-                                       return_z_loss=True)
+                                       return_z_loss=True, loss_dtype=F32)
             loss.backward(torch.ones_like(loss))
             ref_loss, ref_z = ref_cross_entropy(x.cpu(), t.cpu(), reduction=reduction,
                                                 lse_square_scale=1e-3)
@@ -738,16 +786,72 @@ def test_cuda_mean_denominator_over_many_programs(n):
 
 
 @pytest.mark.cuda
-def test_cuda_bad_targets_and_all_ignored():
+def test_cuda_all_ignored_and_empty():
     x, t, w = _inputs(6, 300, device="cuda", ignore=())
-    t[4] = 300
-    out = fk.cross_entropy(x, t, reduction="none")
-    assert torch.isnan(out[4]) and not torch.isnan(out[[0, 1, 2, 3, 5]]).any()
-    assert torch.isnan(fk.cross_entropy(x, t, weight=w))
     assert torch.isnan(fk.cross_entropy(x, torch.full_like(t, -100)))
+    assert torch.isnan(fk.cross_entropy(x, torch.full_like(t, -100), weight=w))
     e = fk.cross_entropy(torch.empty(0, 8, device="cuda"), torch.empty(0, dtype=torch.long,
                                                                        device="cuda"))
     assert torch.isnan(e)
+
+
+_BAD_TARGET_SCRIPT = """
+import sys, torch, fk
+op, reduction, bad = sys.argv[1], sys.argv[2], int(sys.argv[3])
+g = torch.Generator(device="cuda").manual_seed(0)
+t = torch.randint(0, 1000, (300,), device="cuda", generator=g)
+t[::5] = -100
+t[123] = bad
+if op == "ce":
+    x = torch.randn(300, 1000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    loss = fk.cross_entropy(x * 1, t, reduction=reduction)
+else:
+    x = torch.randn(300, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(1000, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    loss = fk.fused_linear_cross_entropy(x, w, t, reduction=reduction, chunk_size=128)
+torch.cuda.synchronize()
+print("NO ERROR", loss.float().sum().item())
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", ["ce", "flce"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_cuda_bad_target_is_a_device_assert(op, reduction):
+    """An out-of-range target raises through a device-side assert (no host synchronisation
+    in the op); the assert leaves the CUDA context unusable, so each case runs in a fresh
+    process."""
+    for bad, expect_error in ((1000, True), (-1, True), (999, False)):
+        r = subprocess.run([sys.executable, "-c", _BAD_TARGET_SCRIPT, op, reduction, str(bad)],
+                           capture_output=True, text=True, env=dict(os.environ), timeout=300)
+        out = r.stdout + r.stderr
+        if expect_error:
+            assert r.returncode != 0 and "NO ERROR" not in out, out
+            assert "device-side assert" in out, out
+        else:
+            assert r.returncode == 0 and "NO ERROR" in out and "nan" not in out, out
+
+
+@pytest.mark.cuda
+def test_cuda_bad_target_check_is_graph_capturable():
+    """The device-side check (for every reduction) is captured with the op and checks the
+    replayed targets."""
+    x, t, _ = _inputs(64, 500, torch.bfloat16, "cuda", ignore=(3,))
+    for reduction in REDUCTIONS:
+        sx = x.clone().requires_grad_()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fk.cross_entropy(sx * 1, t, reduction=reduction).sum().backward()
+        torch.cuda.current_stream().wait_stream(s)
+        sx.grad = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            loss = fk.cross_entropy(sx * 1, t, reduction=reduction, loss_dtype=F32)
+            loss.sum().backward()
+        graph.replay()
+        ref = ref_cross_entropy(x.cpu(), t.cpu(), reduction=reduction)[0]
+        assert_close(loss, ref, torch.float32, factor=2)
 
 
 @pytest.mark.cuda
@@ -777,7 +881,7 @@ def test_cuda_graph_capture():
     two = torch.tensor(2.0, device="cuda")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_loss = fk.cross_entropy(static_x * 1, static_t)
+        static_loss = fk.cross_entropy(static_x * 1, static_t, loss_dtype=F32)
         static_loss.backward(two)
     for seed in (1, 2):
         x2, t2, _ = _inputs(n, v, torch.bfloat16, "cuda", seed=seed, ignore=(seed,))
@@ -836,7 +940,7 @@ def test_cuda_more_than_2_31_elements():
     x = torch.randn(n, v, device="cuda", dtype=torch.bfloat16)
     t = torch.randint(0, v, (n,), device="cuda")
     xa = x.clone().requires_grad_()
-    loss = fk.cross_entropy(xa, t, reduction="none")
+    loss = fk.cross_entropy(xa, t, reduction="none", loss_dtype=F32)
     loss.backward(torch.ones_like(loss))
     for rows in (slice(0, 2), slice(n - 2, n)):
         xs, ts = x[rows].cpu(), t[rows].cpu()

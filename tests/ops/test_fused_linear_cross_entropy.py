@@ -3,9 +3,11 @@
 TorchScript, bad input, and the CUDA path (marker ``cuda``). Its cross entropy kernels are
 tested in test_cross_entropy.py."""
 import math
+import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import fk
 from helpers import (DTYPES, assert_close, error_lines, ref_cross_entropy,
@@ -64,11 +66,11 @@ def test_cpu_forward_backward(dtype, option, reduction, chunk_size):
     x, w, b, t, cw = _inputs(n, h, v, dtype)
     kw = _kwargs(option, cw, reduction)
     xa, wa, ba = (a.clone().requires_grad_() for a in (x, w, b))
+    loss_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     loss, z = fk.fused_linear_cross_entropy(xa, wa, t, ba, chunk_size=chunk_size,
-                                            return_z_loss=True, **kw)
+                                            return_z_loss=True, loss_dtype=loss_dtype, **kw)
     g_out = torch.randn(loss.shape, generator=torch.Generator().manual_seed(5)).to(loss.dtype)
     ref_loss, ref_z, (gx, gw, gb) = _ref(x, w, b, t, kw, g_out)
-    loss_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     assert loss.dtype == loss_dtype and loss.shape == ref_loss.shape
     assert_close(loss, ref_loss, loss_dtype, factor=3, what="loss")
     assert_close(z, ref_z, loss_dtype, factor=3, what="z")
@@ -77,6 +79,44 @@ def test_cpu_forward_backward(dtype, option, reduction, chunk_size):
     assert_close(xa.grad, gx, dtype, factor=4, what="grad_x")
     assert_close(wa.grad, gw, dtype, factor=4, what="grad_weight")
     assert_close(ba.grad, gb, dtype, factor=4, what="grad_bias")
+    # By default the losses come in x's dtype (as torch's linear + cross_entropy): the
+    # float32 values rounded once.
+    with torch.no_grad():
+        loss_d, z_d = fk.fused_linear_cross_entropy(x, w, t, b, chunk_size=chunk_size,
+                                                    return_z_loss=True, **kw)
+    assert loss_d.dtype == z_d.dtype == dtype
+    assert torch.equal(loss_d, loss.detach().to(dtype)) and torch.equal(z_d, z.to(dtype))
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_bad_target_raises_and_loss_dtype(reduction):
+    x, w, b, t, cw = _inputs(6, 8, 20, ignore=(0,))
+    t[3] = 20
+    msg = re.escape("fk::fused_linear_cross_entropy: target 20 (row 3) is out of range: each "
+                    "target must be in [0, 20) (V = 20) or ignore_index (-100)")
+    for grad in (False, True):
+        with pytest.raises(RuntimeError, match=msg):
+            fk.fused_linear_cross_entropy(x, w.clone().requires_grad_(grad), t, b,
+                                          reduction=reduction, chunk_size=2)
+    t[3] = 1
+    xb, wb = x.to(torch.bfloat16).requires_grad_(), w.to(torch.bfloat16).requires_grad_()
+    loss = fk.fused_linear_cross_entropy(xb, wb, t, reduction=reduction)
+    assert loss.dtype == torch.bfloat16
+    assert loss.dtype == F.cross_entropy(F.linear(xb, wb), t, reduction=reduction).dtype
+    loss32 = fk.fused_linear_cross_entropy(xb, wb, t, reduction=reduction,
+                                           loss_dtype=torch.float32)
+    assert loss32.dtype == torch.float32 and torch.equal(loss.detach(), loss32.detach().to(
+        torch.bfloat16))
+    loss.sum().backward()
+    g16 = xb.grad.clone()
+    xb.grad = None
+    loss32.sum().backward()
+    assert torch.equal(xb.grad, g16)
+    with pytest.raises(RuntimeError, match="fk::fused_linear_cross_entropy: loss_dtype must be "
+                       "None, float32, float64, bfloat16 or float16, got Int"):
+        fk.fused_linear_cross_entropy(x, w, t, loss_dtype=torch.int32)
+    m = fk.nn.FusedLinearCrossEntropyLoss(loss_dtype=torch.float32)
+    assert m(wb, xb, t).dtype == torch.float32
 
 
 @pytest.mark.parametrize("need", [(True, False, False), (False, True, True), (False, True, False)])
@@ -303,7 +343,8 @@ def test_cuda_matches_reference(dtype, shape, option):
             kw = _kwargs(option, cw, reduction)
             xa, wa, ba = (a.clone().requires_grad_() for a in (x, w, b))
             loss, z = fk.fused_linear_cross_entropy(xa, wa, t, ba, chunk_size=chunk_size,
-                                                    return_z_loss=True, **kw)
+                                                    return_z_loss=True,
+                                                    loss_dtype=torch.float32, **kw)
             g_out = torch.rand(loss.shape, device="cuda") + 0.5
             ref_loss, ref_z, (gx, gw, gb) = _ref(x, w, b, t, kw, g_out)
             assert_close(loss, ref_loss, torch.float32, factor=3, what="loss")
@@ -332,7 +373,8 @@ def test_cuda_llama_shape_against_torch_and_memory():
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    loss = fk.fused_linear_cross_entropy(xa, wa, t, accum_dtype=torch.float32)
+    loss = fk.fused_linear_cross_entropy(xa, wa, t, accum_dtype=torch.float32,
+                                         loss_dtype=torch.float32)
     loss.backward()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
@@ -358,7 +400,8 @@ def test_cuda_graph_capture_and_bad_input():
     sx.grad = sw.grad = None
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        sloss = fk.fused_linear_cross_entropy(sx, sw, st, chunk_size=100)
+        sloss = fk.fused_linear_cross_entropy(sx, sw, st, chunk_size=100,
+                                              loss_dtype=torch.float32)
         sloss.backward()
     for seed in (1, 2):
         x2, _, _, t2, _ = _inputs(256, 64, 5000, torch.bfloat16, "cuda", seed=seed)

@@ -76,6 +76,19 @@ def _ref_grads(xs, ws, xt, wt, labels, g_out=1.0, **kw):
     return loss, a.grad, b.grad
 
 
+def _ref_grads_rounded_logit_grad(xs, ws, xt, wt, labels, g_out=1.0, **kw):
+    """Float64 gradients of the student's input and weight where the gradient of the loss
+    with respect to the student's logits is rounded to xs's dtype before the products (the
+    precision a 16-bit gradient buffer holds)."""
+    a, b = xs.detach().cpu().double(), ws.detach().cpu().double()
+    s = (a @ b.t()).requires_grad_()
+    t = xt.cpu().double() @ wt.cpu().double().t()
+    labels = None if labels is None else labels.cpu()
+    ref_jsd(s, t, labels, kw.get("beta", 0.5), -100, kw.get("temperature", 1.0)).backward()
+    g = s.grad.to(xs.dtype).double()
+    return g_out * (g @ b), g_out * (g.t() @ a)
+
+
 # --- level 1: the Triton kernel under the interpreter -------------------------------------
 
 def _run_kernel(mod, s, t, g_dtype, labels, beta, temperature, block, grid, write_grad=1):
@@ -391,8 +404,7 @@ def test_torchscript_module(tmp_path):
 
 def test_distill_tiny_example_loss_falls():
     script = os.path.join(ROOT, "examples", "distill_tiny.py")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ)  # the fk this test imports: the installed one, or PYTHONPATH's
     r = subprocess.run([sys.executable, script, "--device", "cpu", "--steps", "25",
                         "--tiny"], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -421,13 +433,10 @@ def test_cuda_matches_reference(dtype, shape):
                                  temperature=temperature)
         if dtype == torch.float16:
             # The logits' gradient (about q / (T N) an element) is rounded to float16 before
-            # the products, into its subnormal range at these widths: the CPU backend, which
-            # rounds it alike (and is tested against the reference above), is the reference.
-            c, d = xs.cpu().requires_grad_(), ws.cpu().requires_grad_()
-            (fk.fused_linear_jsd(c, d, xt.cpu(), wt.cpu(), labels.cpu(), beta=beta,
-                                 temperature=temperature, chunk_size=chunk_size) * 1.7
-             ).backward()
-            gx, gw = c.grad.double(), d.grad.double()
+            # the products, into its subnormal range at these widths: the reference rounds
+            # its float64 logits' gradient to float16 the same way before the two products.
+            gx, gw = _ref_grads_rounded_logit_grad(xs, ws, xt, wt, labels, 1.7, beta=beta,
+                                                   temperature=temperature)
         assert loss.dtype == torch.float32
         # float32 logits (a float32 product of the operands on tensor cores: TF32 for
         # float32 inputs where torch allows it, not here by default)

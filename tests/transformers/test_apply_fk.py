@@ -185,6 +185,19 @@ def test_training_loss_has_no_logits_and_matches():
     torch.testing.assert_close(tup[0], want.loss)
 
 
+def test_loss_dtype_is_hugging_faces_in_bfloat16():
+    """Hugging Face upcasts the logits to float32 before its loss: the patched model's loss
+    (fused in training, through fk.cross_entropy in eval) is float32 too."""
+    model, ref = _pair()
+    model.to(torch.bfloat16), ref.to(torch.bfloat16)
+    ids, labels = _batch()
+    for train in (True, False):
+        model.train(train), ref.train(train)
+        with torch.no_grad():
+            out, want = model(input_ids=ids, labels=labels), ref(input_ids=ids, labels=labels)
+        assert want.loss.dtype == torch.float32 and out.loss.dtype == want.loss.dtype
+
+
 def test_eval_returns_logits_and_loss_through_fk_cross_entropy():
     model, ref = _pair()
     ids, labels = _batch()

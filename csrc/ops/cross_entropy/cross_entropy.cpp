@@ -67,6 +67,44 @@ void check_cross_entropy_backward(const char* op, const Tensor& grad, const Tens
 
 ScalarType ce_loss_dtype(const Tensor& logits) { return checks::acc_type(logits); }
 
+ScalarType ce_output_dtype(const char* op, const Tensor& like,
+                           std::optional<ScalarType> loss_dtype) {
+  if (!loss_dtype.has_value()) return like.scalar_type();
+  const auto d = *loss_dtype;
+  FK_CHECK(d == kFloat || d == kDouble || d == kBFloat16 || d == kHalf, op,
+           ": loss_dtype must be None, float32, float64, bfloat16 or float16, got ", d);
+  return d;
+}
+
+void check_targets_in_range(const char* op, const Tensor& target, int64_t V,
+                            int64_t ignore_index, const Tensor& den, CeReduction reduction) {
+  const int64_t n = target.numel();
+  if (n == 0) return;
+  if (!target.is_cuda()) {
+    const auto* y = static_cast<const int64_t*>(target.data_ptr());
+    for (int64_t i = 0; i < n; ++i) {
+      FK_CHECK(y[i] == ignore_index || (y[i] >= 0 && y[i] < V), op, ": target ", y[i],
+               " (row ", i, ") is out of range: each target must be in [0, ", V,
+               ") (V = ", V, ") or ignore_index (", ignore_index, ")");
+    }
+    return;
+  }
+  Tensor ok;
+  if (reduction == CeReduction::Mean) {
+    const auto count = aten::select(den, 0, 1);
+    ok = aten::eq(count, count);  // false only for NaN
+  } else {
+    const auto in_range = aten::logical_and(aten::ge(target, aten::scalar_int(0)),
+                                            aten::lt(target, aten::scalar_int(V)));
+    const auto bad = aten::logical_and(aten::ne(target, aten::scalar_int(ignore_index)),
+                                       aten::logical_not(in_range));
+    ok = aten::logical_not(aten::call("aten::any", "", bad));
+  }
+  const std::string msg = str(op, ": a target is out of range: each target must be in [0, ", V,
+                              ") (V = ", V, ") or ignore_index (", ignore_index, ")");
+  aten::call_n<0>("aten::_assert_async", "msg", ok, msg);
+}
+
 Tensor cross_entropy_den(const Tensor& target, const Tensor& weight, int64_t V,
                          int64_t ignore_index, ScalarType dtype, CeReduction reduction) {
   if (reduction != CeReduction::Mean) return aten::full({2}, 1.0, dtype, target.device());
@@ -118,6 +156,7 @@ std::tuple<Tensor, Tensor> run_forward(const Tensor& x, const Tensor& grad, cons
     Tensor w;
     if (has(weight)) w = aten::contiguous(aten::to(*weight, dtype));
     const auto den = cross_entropy_den(t, w, v, o.ignore_index, dtype, o.reduction);
+    check_targets_in_range("fk::cross_entropy", t, v, o.ignore_index, den, o.reduction);
     cross_entropy_rows(x, grad, t, w, den, loss_rows, z_rows, o);
   }
   return cross_entropy_reduce(loss_rows, z_rows, o.reduction);
@@ -173,13 +212,16 @@ std::tuple<Tensor, Tensor> cross_entropy_composite(Tensor logits, Tensor target,
                                                    int64_t ignore_index, double label_smoothing,
                                                    std::string reduction,
                                                    double lse_square_scale,
-                                                   std::optional<double> softcap, bool) {
-  check_cross_entropy("fk::cross_entropy", logits, target, weight, ignore_index,
-                      label_smoothing, reduction, lse_square_scale, softcap);
+                                                   std::optional<double> softcap, bool,
+                                                   std::optional<ScalarType> loss_dtype) {
+  constexpr const char* op = "fk::cross_entropy";
+  check_cross_entropy(op, logits, target, weight, ignore_index, label_smoothing, reduction,
+                      lse_square_scale, softcap);
+  const auto out = ce_output_dtype(op, logits, loss_dtype);
   auto r = aten::call_n<3>("fk::_cross_entropy_forward", "", logits, target, weight,
                            ignore_index, label_smoothing, reduction, lse_square_scale, softcap,
                            false);
-  return {r[0], r[1]};
+  return {aten::to(r[0], out), aten::to(r[1], out)};
 }
 
 }  // namespace
@@ -189,12 +231,16 @@ STABLE_TORCH_LIBRARY_FRAGMENT(fk, m) {
   // (loss, z_loss) of torch.nn.functional.cross_entropy(logits, target, weight, ignore_index,
   // label_smoothing, reduction) plus lse_square_scale * logsumexp^2 per row (z-loss), with
   // logits -> softcap * tanh(logits / softcap) first. logits (N, V); target (N,) int64.
-  // Losses are float32 (float64 for float64 logits). With grad_in_logits the gradient is
-  // written into the logits' memory during the forward (see python/fk/ops/cross_entropy.py).
+  // Losses are computed in float32 (float64 for float64 logits) and returned in loss_dtype
+  // (None: the logits' dtype, as torch), rounded once. A target that is neither ignore_index
+  // nor in [0, V) raises (on CUDA through a device-side assert). With grad_in_logits the
+  // gradient is written into the logits' memory during the forward (see
+  // python/fk/ops/cross_entropy.py).
   m.def("cross_entropy(Tensor logits, Tensor target, Tensor? weight=None, int ignore_index=-100, "
         "float label_smoothing=0.0, str reduction='mean', float lse_square_scale=0.0, "
-        "float? softcap=None, bool grad_in_logits=True) -> (Tensor, Tensor)");
-  // (loss, z_loss, grad): grad is the gradient of loss with respect to logits for a
+        "float? softcap=None, bool grad_in_logits=True, ScalarType? loss_dtype=None) "
+        "-> (Tensor, Tensor)");
+  // (loss, z_loss, grad): losses in float32 (float64 for float64 logits); grad is the gradient of loss with respect to logits for a
   // grad_output of 1 (a new (N, V) tensor of logits' dtype), None unless compute_grad.
   m.def("_cross_entropy_forward(Tensor logits, Tensor target, Tensor? weight, int ignore_index, "
         "float label_smoothing, str reduction, float lse_square_scale, float? softcap, "

@@ -51,8 +51,21 @@ CeOptions check_ce_target_and_options(const char* op, const char* like_name, con
 // grad (N, V) floating; grad_loss a float32 (float64 for float64 grad) scalar or (N,).
 void check_cross_entropy_backward(const char* op, const Tensor& grad, const Tensor& grad_loss);
 
-// Loss dtype: float64 for float64 logits (CPU), else float32.
+// Loss dtype of the internal ops: float64 for float64 logits (CPU), else float32.
 ScalarType ce_loss_dtype(const Tensor& logits);
+
+// The dtype the public ops return their losses in: loss_dtype, or `like`'s dtype when
+// unset; loss_dtype must be float32, float64, bfloat16 or float16 (an error naming `op`).
+ScalarType ce_output_dtype(const char* op, const Tensor& like,
+                           std::optional<ScalarType> loss_dtype);
+
+// Raises unless every target is ignore_index or a class in [0, V) (target contiguous, one
+// or more rows). CPU: an error naming `op`, the first bad target, its row and V. CUDA: no
+// host synchronisation: aten::_assert_async on the device (a device-side assert, with a
+// message of the same form without the value); for a "mean" it reads the denominators
+// `den` (NaN exactly when some target is out of range), else it compares the targets.
+void check_targets_in_range(const char* op, const Tensor& target, int64_t V,
+                            int64_t ignore_index, const Tensor& den, CeReduction reduction);
 
 // --- the pieces (no dispatcher, no autograd) -------------------------------------------
 

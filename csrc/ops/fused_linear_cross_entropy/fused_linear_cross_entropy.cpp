@@ -58,17 +58,19 @@ std::tuple<Tensor, Tensor> fused_linear_cross_entropy_composite(
     Tensor x, Tensor weight, Tensor target, std::optional<Tensor> bias,
     std::optional<Tensor> ce_weight, int64_t ignore_index, double label_smoothing,
     std::string reduction, double lse_square_scale, std::optional<double> softcap,
-    std::optional<int64_t> chunk_size, std::optional<ScalarType> accum_dtype) {
+    std::optional<int64_t> chunk_size, std::optional<ScalarType> accum_dtype,
+    std::optional<ScalarType> loss_dtype) {
   check_fused_linear_cross_entropy(x, weight, target, bias, ce_weight, ignore_index,
                                    label_smoothing, reduction, lse_square_scale, softcap,
                                    chunk_size, accum_dtype);
+  const auto out = ce_output_dtype("fk::fused_linear_cross_entropy", x, loss_dtype);
   const std::array<bool, 3> no_grad{false, false, false};
   auto r = aten::call_n<5>("fk::_fused_linear_cross_entropy_forward", "", x, weight, target,
                            bias, ce_weight, ignore_index, label_smoothing, reduction,
                            lse_square_scale, softcap, chunk_size, accum_dtype,
                            torch::headeronly::HeaderOnlyArrayRef<bool>(no_grad.data(), 3),
                            std::optional<Tensor>());
-  return {r[0], r[1]};
+  return {aten::to(r[0], out), aten::to(r[1], out)};
 }
 
 }  // namespace
@@ -78,11 +80,14 @@ STABLE_TORCH_LIBRARY_FRAGMENT(fk, m) {
   // (loss, z_loss) of fk::cross_entropy(x @ weight^T + bias, target, ce_weight, ...) with x
   // (N, H), weight (V, H), bias (V,), computed chunk_size rows at a time (chosen from the
   // shapes when None); accum_dtype: the dtype grad_weight / grad_bias are summed in
-  // (default: the weight's). See python/fk/ops/fused_linear_cross_entropy.py.
+  // (default: the weight's); the losses are computed in float32 (float64 for float64 x) and
+  // returned in loss_dtype (None: x's dtype, as torch's linear + cross_entropy). See
+  // python/fk/ops/fused_linear_cross_entropy.py.
   m.def("fused_linear_cross_entropy(Tensor x, Tensor weight, Tensor target, Tensor? bias=None, "
         "Tensor? ce_weight=None, int ignore_index=-100, float label_smoothing=0.0, "
         "str reduction='mean', float lse_square_scale=0.0, float? softcap=None, "
-        "int? chunk_size=None, ScalarType? accum_dtype=None) -> (Tensor, Tensor)");
+        "int? chunk_size=None, ScalarType? accum_dtype=None, ScalarType? loss_dtype=None) "
+        "-> (Tensor, Tensor)");
   // (loss, z_loss, grad_x, grad_weight, grad_bias): the gradients where grad_mask (x,
   // weight, bias) asks, for a grad_output of 1, or of grad_rows (N,) applied to each row
   // of the logits' gradient before the products; None elsewhere.

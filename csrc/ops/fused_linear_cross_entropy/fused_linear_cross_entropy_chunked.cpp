@@ -144,6 +144,8 @@ FlceResult fused_linear_cross_entropy_forward_impl(
   }
 
   const auto den = cross_entropy_den(t, cw, v, ignore_index, dtype, o.reduction);
+  check_targets_in_range("fk::fused_linear_cross_entropy", t, v, ignore_index, den,
+                         o.reduction);
   const int64_t rows = flce_chunk_rows(n, h, v, chunk_size);
   auto buf = aten::empty({rows, v}, x.scalar_type(), x.device());
   auto wt = aten::t(wc);

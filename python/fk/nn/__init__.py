@@ -5,6 +5,7 @@ from .fused_add_rms_norm import FusedAddRMSNorm
 from .fused_linear_cross_entropy import FusedLinearCrossEntropyLoss
 from .fused_linear_jsd import FusedLinearJSD
 from .geglu import GEGLUMLP
+from .group_norm import GroupNorm
 from .jsd import JSD
 from .kl_div import KLDivLoss
 from .layer_norm import LayerNorm
@@ -15,9 +16,10 @@ from .softmax import Softmax
 from .sparsemax import Sparsemax
 from .swiglu import SwiGLUMLP
 from .swiglu_linear import FusedSwiGLU, FusedSwiGLUMLP
+from .tiled_mlp import TiledGEGLUMLP, TiledSwiGLUMLP
 from .tvd import TVDLoss
 
 __all__ = ["CrossEntropyLoss", "DyT", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss",
-           "FusedLinearJSD", "GEGLUMLP", "JSD", "KLDivLoss", "LayerNorm", "NeighborhoodAttention",
-           "PolyNorm", "RMSNorm",
-           "Softmax", "Sparsemax", "SwiGLUMLP", "FusedSwiGLU", "FusedSwiGLUMLP", "TVDLoss"]
+           "FusedLinearJSD", "GEGLUMLP", "GroupNorm", "JSD", "KLDivLoss", "LayerNorm",
+           "NeighborhoodAttention", "PolyNorm", "RMSNorm", "Softmax", "Sparsemax", "SwiGLUMLP",
+           "FusedSwiGLU", "FusedSwiGLUMLP", "TVDLoss", "TiledSwiGLUMLP", "TiledGEGLUMLP"]

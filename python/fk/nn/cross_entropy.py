@@ -10,7 +10,7 @@ class CrossEntropyLoss(nn.Module):
     """Cross entropy with the constructor of ``torch.nn.CrossEntropyLoss`` (``weight``,
     ``ignore_index``, ``reduction``, ``label_smoothing``; the deprecated ``size_average`` /
     ``reduce`` are not taken), plus fk's ``lse_square_scale``, ``softcap`` and
-    ``grad_in_logits`` (see :func:`fk.cross_entropy`: by default the forward writes the
+    ``grad_in_logits`` and ``loss_dtype`` (see :func:`fk.cross_entropy`: by default the forward writes the
     gradient into the logits' memory). ``forward(logits, target)`` takes ``(N, V)`` logits
     and returns the loss.
 
@@ -22,7 +22,7 @@ class CrossEntropyLoss(nn.Module):
     def __init__(self, weight: Optional[torch.Tensor] = None, ignore_index: int = -100,
                  reduction: str = "mean", label_smoothing: float = 0.0, *,
                  lse_square_scale: float = 0.0, softcap: Optional[float] = None,
-                 grad_in_logits: bool = True):
+                 grad_in_logits: bool = True, loss_dtype: Optional[torch.dtype] = None):
         super().__init__()
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
@@ -34,12 +34,14 @@ class CrossEntropyLoss(nn.Module):
         self.lse_square_scale = float(lse_square_scale)
         self.softcap = None if softcap is None else float(softcap)
         self.grad_in_logits = grad_in_logits
+        self.loss_dtype = loss_dtype
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         loss, _ = torch.ops.fk.cross_entropy(logits, target, self.weight, self.ignore_index,
                                              self.label_smoothing, self.reduction,
                                              self.lse_square_scale, self.softcap,
-                                             self.grad_in_logits and not torch.jit.is_scripting())
+                                             self.grad_in_logits and not torch.jit.is_scripting(),
+                                             self.loss_dtype)
         return loss
 
     def extra_repr(self) -> str:

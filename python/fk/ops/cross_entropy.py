@@ -25,7 +25,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
                   weight: Optional[torch.Tensor] = None, ignore_index: int = -100,
                   label_smoothing: float = 0.0, reduction: str = "mean",
                   lse_square_scale: float = 0.0, softcap: Optional[float] = None,
-                  return_z_loss: bool = False, grad_in_logits: bool = True
+                  return_z_loss: bool = False, grad_in_logits: bool = True,
+                  loss_dtype: Optional[torch.dtype] = None
                   ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Cross entropy over a vocabulary, with the gradient computed in the forward pass.
 
@@ -43,9 +44,11 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     Args:
         logits: ``(N, V)``, float32, bfloat16 or float16 (float64 on CPU). Non-contiguous
             logits are copied once.
-        target: ``(N,)`` int64 class indices in ``[0, V)`` or ``ignore_index``. A target
-            outside that range makes its row's loss and gradient NaN (and a ``"mean"``
-            NaN): there is no check that would need the host to wait for the device.
+        target: ``(N,)`` int64 class indices in ``[0, V)`` or ``ignore_index``. Any other
+            value raises: on CPU a RuntimeError naming the value, its row and ``V``; on
+            CUDA, without making the host wait, a device-side assert (the error surfaces at
+            the next synchronisation as "device-side assert triggered", and the CUDA
+            context is unusable afterwards, as with torch's own out-of-range targets).
         weight: ``(V,)`` class weights of any floating dtype (used in float32), or None.
             They get no gradient (as in torch).
         reduction: ``"mean"``, ``"sum"`` or ``"none"`` (one loss per row; ignored rows 0).
@@ -64,10 +67,15 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
             ``torch.compile`` and other tracing a separate buffer is always used. In
             TorchScript (where this function's return type is a Union) use
             ``fk.nn.CrossEntropyLoss``, which keeps the gradient out of the logits there.
+        loss_dtype: the dtype of the returned loss and z-loss: None (the default) for the
+            logits' dtype, as ``torch.nn.functional.cross_entropy`` and Liger Kernel return
+            it, or ``torch.float32`` (``float64``, ``bfloat16``, ``float16``). The losses
+            are always computed in float32 (float64 for float64 logits) and rounded once to
+            this dtype; the gradient does not depend on it.
 
     Returns:
-        The float32 loss (float64 for float64 logits): a scalar, or ``(N,)`` for
-        ``"none"``; with ``return_z_loss``, ``(loss, z_loss)``. Differentiable in
+        The loss in ``loss_dtype``: a scalar, or ``(N,)`` for ``"none"``; with
+        ``return_z_loss``, ``(loss, z_loss)``. Differentiable in
         ``logits`` (any ``grad_output``, per row for ``"none"``); the gradient is computed
         in float32 and rounded once to ``logits``' dtype, then scaled by ``grad_output``
         in the backward (a second rounding unless ``grad_output`` is 1). A double backward
@@ -76,7 +84,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     """
     loss, z_loss = torch.ops.fk.cross_entropy(logits, target, weight, ignore_index,
                                               label_smoothing, reduction, lse_square_scale,
-                                              softcap, grad_in_logits)
+                                              softcap, grad_in_logits, loss_dtype)
     if return_z_loss:
         return loss, z_loss
     return loss
@@ -109,6 +117,18 @@ def check_ce_target_and_options(op, like_name, like, n, v, target, weight, weigh
             number_text(0.0 if softcap is None else softcap))
     c.check(reduction in REDUCTIONS, op, ": reduction must be one of 'mean', 'sum', 'none', "
             "got '", reduction, "'")
+
+
+_LOSS_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def output_dtype(op, like, loss_dtype):
+    """The dtype the public ops return their losses in (C++ ce_output_dtype)."""
+    if loss_dtype is None:
+        return like.dtype
+    c.check(loss_dtype in _LOSS_DTYPES, op, ": loss_dtype must be None, float32, float64, "
+            "bfloat16 or float16, got ", c.dtype_name(loss_dtype))
+    return loss_dtype
 
 
 def check_cross_entropy(op, logits, target, weight, ignore_index, label_smoothing, reduction,
@@ -259,17 +279,21 @@ class _CrossEntropyFunction(torch.autograd.Function):
 
 def _cross_entropy_autograd(keyset, logits, target, weight=None, ignore_index=-100,
                             label_smoothing=0.0, reduction="mean", lse_square_scale=0.0,
-                            softcap=None, grad_in_logits=True):
+                            softcap=None, grad_in_logits=True, loss_dtype=None):
     # The defaults are the schema's: the dispatcher may leave out arguments equal to them.
+    out = output_dtype(_OP, logits, loss_dtype)
     if not (torch.is_grad_enabled() and logits.requires_grad):
         # No gradient wanted (class weights are not differentiated, as in torch): losses only.
         with torch._C._AutoDispatchBelowAutograd():
             loss, z, _ = torch.ops.fk._cross_entropy_forward(
                 logits, target, weight, ignore_index, label_smoothing, reduction,
                 lse_square_scale, softcap, False)
-        return loss, z
-    return _CrossEntropyFunction.apply(logits, target, weight, ignore_index, label_smoothing,
-                                       reduction, lse_square_scale, softcap, grad_in_logits)
+        return loss.to(out), z.to(out)
+    loss, z = _CrossEntropyFunction.apply(logits, target, weight, ignore_index,
+                                          label_smoothing, reduction, lse_square_scale, softcap,
+                                          grad_in_logits)
+    # Rounded once to the output dtype; autograd casts grad_output back to float32.
+    return loss.to(out), z.to(out)
 
 
 _lib = torch.library.Library("fk", "IMPL")

@@ -12,8 +12,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import _checks as c
-from .cross_entropy import (check_ce_target_and_options, losses_like,
+from . import _autocast, _checks as c
+from .cross_entropy import (check_ce_target_and_options, losses_like, output_dtype,
                             raise_when_differentiated, scale_stored_grad)
 
 _OP = "fk::fused_linear_cross_entropy"
@@ -26,7 +26,8 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
                                reduction: str = "mean", lse_square_scale: float = 0.0,
                                softcap: Optional[float] = None, return_z_loss: bool = False,
                                chunk_size: Optional[int] = None,
-                               accum_dtype: Optional[torch.dtype] = None
+                               accum_dtype: Optional[torch.dtype] = None,
+                               loss_dtype: Optional[torch.dtype] = None
                                ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """The language-model head and its loss in one: ``fk.cross_entropy(x @ weight.T + bias,
     target, ce_weight, ...)`` without ever holding the ``(N, V)`` logits.
@@ -44,7 +45,8 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
     Args:
         x: ``(N, H)`` hidden states, float32, bfloat16 or float16 (float64 on CPU).
         weight: ``(V, H)`` head weight (``nn.Linear(H, V).weight``), x's dtype and device.
-        target: ``(N,)`` int64 class indices or ``ignore_index``.
+        target: ``(N,)`` int64 class indices in ``[0, V)`` or ``ignore_index``; any other
+            value raises as in :func:`fk.cross_entropy` (a device-side assert on CUDA).
         bias: ``(V,)`` or None.
         ce_weight: ``(V,)`` class weights (torch's ``weight`` of cross entropy), or None.
         ignore_index, label_smoothing, reduction, lse_square_scale, softcap, return_z_loss:
@@ -61,15 +63,20 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
             stable C ABI cannot call an accumulating matmul with a float32 output), two more
             passes over a float32 ``grad_weight`` per chunk and up to the chunk's logits
             buffer of extra memory.
+        loss_dtype: the dtype of the returned losses: None (the default) for ``x``'s dtype,
+            as ``F.cross_entropy(F.linear(x, weight, bias), target)`` returns it, or
+            ``torch.float32`` (what Liger Kernel's fused linear cross entropy returns) /
+            ``float64`` / ``bfloat16`` / ``float16``. Computed in float32 (float64 for
+            float64 ``x``) and rounded once; the gradients do not depend on it.
 
     Returns:
-        The float32 loss, or ``(loss, z_loss)`` with ``return_z_loss``, as
-        :func:`fk.cross_entropy` returns them. Differentiable in ``x``, ``weight`` and
+        The loss, or ``(loss, z_loss)`` with ``return_z_loss``, in ``loss_dtype``.
+        Differentiable in ``x``, ``weight`` and
         ``bias``; a double backward raises. No host synchronisation.
     """
     loss, z_loss = torch.ops.fk.fused_linear_cross_entropy(
         x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
-        lse_square_scale, softcap, chunk_size, accum_dtype)
+        lse_square_scale, softcap, chunk_size, accum_dtype, loss_dtype)
     if return_z_loss:
         return loss, z_loss
     return loss
@@ -179,8 +186,9 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
 def _fused_linear_cross_entropy_autograd(keyset, x, weight, target, bias=None, ce_weight=None,
                                          ignore_index=-100, label_smoothing=0.0,
                                          reduction="mean", lse_square_scale=0.0, softcap=None,
-                                         chunk_size=None, accum_dtype=None):
+                                         chunk_size=None, accum_dtype=None, loss_dtype=None):
     # The defaults are the schema's: the dispatcher may leave out arguments equal to them.
+    out = output_dtype(_OP, x, loss_dtype)
     grad_mode = torch.is_grad_enabled()
     mask = [grad_mode and x.requires_grad, grad_mode and weight.requires_grad,
             grad_mode and bias is not None and bias.requires_grad]
@@ -191,12 +199,20 @@ def _fused_linear_cross_entropy_autograd(keyset, x, weight, target, bias=None, c
                 x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
                 lse_square_scale, softcap, chunk_size, accum_dtype, [False, False, False],
                 None)
-        return loss, z
-    return _FusedLinearCrossEntropyFunction.apply(
+        return loss.to(out), z.to(out)
+    loss, z = _FusedLinearCrossEntropyFunction.apply(
         x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
         lse_square_scale, softcap, chunk_size, accum_dtype, mask)
+    # Rounded once to the output dtype; autograd casts grad_output back to float32.
+    return loss.to(out), z.to(out)
 
 
 _lib = torch.library.Library("fk", "IMPL")
 _lib.impl("fused_linear_cross_entropy", _fused_linear_cross_entropy_autograd, "Autograd",
           with_keyset=True)
+
+# Under autocast: the head's matmul inputs in the autocast dtype (as F.linear), the loss and
+# z-loss in float32 (as F.cross_entropy); ce_weight is left as given.
+_autocast.lower_precision("fused_linear_cross_entropy", ("x", "weight", "bias"),
+                          float32_outputs=(0, 1),
+                          none_defaults={"loss_dtype": torch.float32})

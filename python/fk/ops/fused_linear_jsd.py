@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from . import _checks as c
+from . import _autocast, _checks as c
 from .cross_entropy import number_text, scale_stored_grad
 
 _OP = "fk::fused_linear_jsd"
@@ -168,3 +168,8 @@ def _fused_linear_jsd_autograd(keyset, student_input, student_weight, teacher_in
 
 _lib = torch.library.Library("fk", "IMPL")
 _lib.impl("fused_linear_jsd", _fused_linear_jsd_autograd, "Autograd", with_keyset=True)
+
+# Under autocast: both heads' matmul inputs in the autocast dtype, the loss in float32.
+_autocast.lower_precision("fused_linear_jsd", ("student_input", "student_weight",
+                                               "teacher_input", "teacher_weight"),
+                          float32_outputs=(0,))

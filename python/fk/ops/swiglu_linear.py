@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from . import _autograd, _checks as c
+from . import _autocast, _autograd, _checks as c
 from ._glu import can_write_grads_into_inputs
 
 
@@ -164,3 +164,7 @@ def _backward(ctx, grad_z, _grad_s, _grad_t):
 
 
 _autograd.register("fk::_swiglu_linear_forward", _backward, _setup_context)
+
+# Under autocast: x and both weights in the autocast dtype (as the two F.linear it replaces);
+# fk::swiglu_linear reaches this rule through its composite kernel.
+_autocast.lower_precision("_swiglu_linear_forward", ("x", "w_gate", "w_up"))

@@ -26,13 +26,21 @@ What is replaced, per module kind (each switched by the keyword of the same name
 - ``cross_entropy``: where logits are built (eval with labels, or with
   ``fused_linear_cross_entropy=False``), the loss through ``fk.cross_entropy``.
 - ``layer_norm``: any ``torch.nn.LayerNorm`` over the last dimension.
+- ``tiled_mlp`` (off by default): the whole ``gate_proj`` / ``up_proj`` / ``down_proj`` MLP
+  of the SwiGLU and GeGLU models (not Phi-3's stacked MLP nor MoE experts) runs as
+  ``fk.nn.TiledSwiGLUMLP`` / ``TiledGEGLUMLP`` would, on the module's own parameters: over
+  the tokens in ``num_shards`` shards (None: ``ceil(seq / hidden_size)``), keeping no
+  activations for the backward, which recomputes them shard by shard. It takes the place
+  of ``swiglu`` / ``geglu`` on those modules. For very long sequences.
 
 Only instance attributes change; classes, parameters and buffers are untouched, so other
 instances of the same classes keep Hugging Face's code and the state dict is unchanged.
 Mixed dtypes (float32 weights under autocast): the norms cast their weight to the input's
 dtype and return that dtype; the fused loss runs in the autocast dtype.
 """
-from ._patch import KINDS, apply as _apply, patched, revert as _revert
+from typing import Optional
+
+from ._patch import KINDS, OPT_IN_KINDS, apply as _apply, patched, revert as _revert
 from ._table import MODELS
 
 #: The ``config.model_type`` values apply_fk knows.
@@ -41,7 +49,8 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(MODELS))
 
 def apply_fk(model, rms_norm: bool = True, rope: bool = True, swiglu: bool = True,
              geglu: bool = True, cross_entropy: bool = True,
-             fused_linear_cross_entropy: bool = True, layer_norm: bool = True):
+             fused_linear_cross_entropy: bool = True, layer_norm: bool = True,
+             tiled_mlp: bool = False, num_shards: Optional[int] = None):
     """Patch ``model`` (a Hugging Face ``PreTrainedModel`` instance: a ``...ForCausalLM`` or
     its base model) to run fk's kernels. Returns ``model``.
 
@@ -52,7 +61,8 @@ def apply_fk(model, rms_norm: bool = True, rope: bool = True, swiglu: bool = Tru
     return _apply(model, dict(rms_norm=rms_norm, rope=rope, swiglu=swiglu, geglu=geglu,
                               cross_entropy=cross_entropy,
                               fused_linear_cross_entropy=fused_linear_cross_entropy,
-                              layer_norm=layer_norm))
+                              layer_norm=layer_norm, tiled_mlp=tiled_mlp,
+                              num_shards=num_shards))
 
 
 def revert_fk(model):
@@ -61,4 +71,5 @@ def revert_fk(model):
     return _revert(model)
 
 
-__all__ = ["apply_fk", "revert_fk", "patched", "SUPPORTED_MODEL_TYPES", "KINDS"]
+__all__ = ["apply_fk", "revert_fk", "patched", "SUPPORTED_MODEL_TYPES", "KINDS",
+           "OPT_IN_KINDS"]

@@ -17,6 +17,7 @@ from ..ops.layer_norm import layer_norm
 from ..ops.rms_norm import rms_norm
 from ..ops.rope import apply_rotary_pos_emb
 from ..ops.swiglu import swiglu
+from ..nn.tiled_mlp import tiled_gated_mlp
 
 
 # --- gates: (gate, up) -> act(gate) * up --------------------------------------------------
@@ -60,6 +61,12 @@ def mlp_forward(self, x, *, gate):
     # The projections' outputs are read by nothing but the gate, so its backward may write
     # the gradients over them.
     return self.down_proj(_gate(gate, self.gate_proj(x), self.up_proj(x), True))
+
+
+def tiled_mlp_forward(self, x, *, gate, num_shards):
+    return tiled_gated_mlp(x, self.gate_proj.weight, self.up_proj.weight,
+                           self.down_proj.weight, self.gate_proj.bias, self.up_proj.bias,
+                           self.down_proj.bias, gate, num_shards)
 
 
 def fused_mlp_forward(self, x, *, gate):
@@ -125,11 +132,12 @@ def causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_i
                    shift_labels=None, **kwargs):
     """Hugging Face's ``ForCausalLMLoss`` on fk's cross entropy: shifted labels,
     ``ignore_index``, a sum divided by ``num_items_in_batch`` when given, else the mean. The
-    logits are returned to the caller too, so the gradient gets its own buffer."""
+    logits are returned to the caller too, so the gradient gets its own buffer. The loss is
+    float32, as Hugging Face's (which upcasts the logits to float32 first)."""
     target = _shifted(labels, ignore_index, shift_labels).to(logits.device)
     loss = cross_entropy(logits.reshape(-1, vocab_size), target, ignore_index=ignore_index,
                          reduction="mean" if num_items_in_batch is None else "sum",
-                         grad_in_logits=False)
+                         grad_in_logits=False, loss_dtype=torch.float32)
     return _normalize(loss, num_items_in_batch)
 
 
@@ -151,7 +159,7 @@ def linear_causal_lm_loss(hidden, lm_head, labels, *, scale=None, softcap=None,
     target = _shifted(labels, ignore_index, shift_labels).to(x.device)
     loss = fused_linear_cross_entropy(
         x, weight, target, bias, ignore_index=ignore_index, softcap=softcap,
-        reduction="mean" if num_items_in_batch is None else "sum")
+        reduction="mean" if num_items_in_batch is None else "sum", loss_dtype=torch.float32)
     return _normalize(loss, num_items_in_batch)
 
 

@@ -19,6 +19,8 @@ _SAVED = "_fk_saved"
 
 KINDS = ("rms_norm", "rope", "swiglu", "geglu", "cross_entropy", "fused_linear_cross_entropy",
          "layer_norm")
+# Switched on by their keyword (off by default); they replace a kind of KINDS where they apply.
+OPT_IN_KINDS = ("tiled_mlp",)
 
 
 def _set(module, kind, **attrs):
@@ -66,6 +68,11 @@ def apply(model, flags):
         if t in norms:
             if flags["rms_norm"]:
                 _set(m, "rms_norm", forward=_bind(m, fw.rms_norm_forward, norm=spec.norm))
+        elif t in mlps and flags.get("tiled_mlp"):
+            gate = fw.gate_for(m.act_fn, True, True)
+            if gate is not None:
+                _set(m, "tiled_mlp", forward=_bind(m, fw.tiled_mlp_forward, gate=gate,
+                                                   num_shards=flags.get("num_shards")))
         elif t in mlps or t in fused_mlps or t in experts:
             act = m.activation_fn if t in fused_mlps else m.act_fn
             gate = fw.gate_for(act, flags["swiglu"], flags["geglu"])

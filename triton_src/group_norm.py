@@ -1,0 +1,253 @@
+"""GroupNorm: x viewed as (B, C, HW) with C split into G groups of Cg = C / G channels; per
+(batch, group) row of L = Cg * HW contiguous elements,
+    y = (x - mean) * rstd * w[c] + b[c],  rstd = 1 / sqrt(var + eps)  (biased variance),
+all in fp32, y rounded once. weight / bias are read as float32 (the CUDA launcher converts
+other parameter dtypes first); either may be absent (``has_w`` / ``has_b`` = 0: 1 and 0).
+
+Backward per group, with xhat = (x - mean) * rstd, S_c = sum_hw dy * xhat, D_c = sum_hw dy:
+    A = sum_c w_c S_c,  Bs = sum_c w_c D_c,
+    dx = rstd * (w_c dy - (xhat * A + Bs) / L);   dw_c = sum_b S_c,  db_c = sum_b D_c.
+
+Design (bytes at x (32, 512, 4096) bf16, 32 groups: a group is 16 x 4096 = 65536 elements,
+128 KB; 1024 groups). The minimum traffic is 2 bytes read + 2 written per element forward
+and 4 read + 2 written backward. A group does not fit one program's registers at useful
+occupancy, and splitting it over several programs needs either a second launch (the group
+read twice from DRAM: 1.5x the forward's minimum) or an inter-program barrier. So each
+program owns whole groups and makes two passes over each: the first (statistics forward,
+S_c / D_c backward) reads from DRAM with an evict-last hint, the second (normalize / dx)
+re-reads the same group from L2 with an evict-first hint. The grid is persistent and sized
+by the launcher so that the groups in flight (programs x group bytes) stay within a fixed L2
+budget, which keeps DRAM traffic at the minimum; per-group outputs are 8 bytes (mean, rstd)
+and 8 bytes per (batch, channel) of fp32 partial sums for the parameter gradients, which a
+small kernel sums over the batch.
+
+Tiles are 2-D, (BLOCK_C channels, BLOCK_HW positions), so the channel of every element is
+its tile row: no per-element division, one weight / bias load per channel. The statistics
+use shifted sums (x minus the group's first element) to avoid the cancellation of
+E[x^2] - E[x]^2 when |mean| >> std. Offsets inside a group are int32 (a group holds fewer
+than 2^31 elements); the group's base offset is int64.
+
+Kernels:
+  group_norm_fwd_kernel     persistent over groups: statistics pass, then normalize pass.
+  group_norm_bwd_kernel     persistent over groups: S_c / D_c pass (stored per (b, c)),
+                            then dx pass (skipped when ``want_dx`` is 0).
+  group_norm_reduce_kernel  dw / db = sums over the batch of the (B, C) partials.
+"""
+import triton
+import triton.language as tl
+
+from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+
+
+@triton.jit
+def group_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, groups, G, Cg, HW,
+                          eps, has_w, has_b, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    dtype = y_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)
+    ci = tl.arange(0, BLOCK_C)
+    hi = tl.arange(0, BLOCK_HW)
+    n = Cg * HW
+    n64 = n.to(tl.int64)
+    inv_n = 1.0 / n.to(tl.float32)
+    for grp in range(pid, groups, step):
+        base = grp * n64
+        xg = x_ptr + base
+        yg = y_ptr + base
+        shift = tl.load(xg).to(tl.float32)
+        s1 = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
+        s2 = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
+        for c0 in range(0, Cg, BLOCK_C):
+            cc = c0 + ci
+            rows = cc[:, None] * HW
+            for h0 in range(0, HW, BLOCK_HW):
+                hh = h0 + hi
+                mask = (cc < Cg)[:, None] & (hh < HW)[None, :]
+                x = tl.load(xg + rows + hh[None, :], mask=mask, other=0.0,
+                            eviction_policy="evict_last").to(tl.float32)
+                d = tl.where(mask, x - shift, 0.0)
+                s1 += d
+                s2 += d * d
+        m1 = tl.sum(s1) * inv_n
+        var = tl.maximum(tl.sum(s2) * inv_n - m1 * m1, 0.0)
+        mean = shift + m1
+        rstd = 1.0 / tl.sqrt(var + eps)
+        tl.store(mean_ptr + grp, mean)
+        tl.store(rstd_ptr + grp, rstd)
+        ch0 = (grp % G) * Cg
+        for c0 in range(0, Cg, BLOCK_C):
+            cc = c0 + ci
+            cmask = cc < Cg
+            w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
+            b = tl.load(b_ptr + ch0 + cc, mask=cmask & (has_b != 0), other=0.0).to(tl.float32)
+            scale = w * rstd
+            shift_c = b - mean * scale
+            rows = cc[:, None] * HW
+            for h0 in range(0, HW, BLOCK_HW):
+                hh = h0 + hi
+                mask = cmask[:, None] & (hh < HW)[None, :]
+                offs = rows + hh[None, :]
+                x = tl.load(xg + offs, mask=mask, other=0.0,
+                            eviction_policy="evict_first").to(tl.float32)
+                y = x * scale[:, None] + shift_c[:, None]
+                tl.store(yg + offs, y.to(dtype), mask=mask)
+
+
+@triton.jit
+def group_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr, groups,
+                          G, Cg, HW, has_w, want_dx, BLOCK_C: tl.constexpr,
+                          BLOCK_HW: tl.constexpr):
+    """partial: fp32 (2, B * C): S_c then D_c per (batch, channel), written for every group."""
+    dtype = dx_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)
+    ci = tl.arange(0, BLOCK_C)
+    hi = tl.arange(0, BLOCK_HW)
+    n = Cg * HW
+    n64 = n.to(tl.int64)
+    inv_n = 1.0 / n.to(tl.float32)
+    plane = groups.to(tl.int64) * Cg
+    for grp in range(pid, groups, step):
+        base = grp * n64
+        xg = x_ptr + base
+        dyg = dy_ptr + base
+        dxg = dx_ptr + base
+        mean = tl.load(mean_ptr + grp)
+        rstd = tl.load(rstd_ptr + grp)
+        ch0 = (grp % G) * Cg
+        pg = partial_ptr + grp * Cg.to(tl.int64)
+        a = 0.0
+        bs = 0.0
+        for c0 in range(0, Cg, BLOCK_C):
+            cc = c0 + ci
+            cmask = cc < Cg
+            rows = cc[:, None] * HW
+            acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
+            acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
+            for h0 in range(0, HW, BLOCK_HW):
+                hh = h0 + hi
+                mask = cmask[:, None] & (hh < HW)[None, :]
+                offs = rows + hh[None, :]
+                x = tl.load(xg + offs, mask=mask, other=0.0,
+                            eviction_policy="evict_last").to(tl.float32)
+                dy = tl.load(dyg + offs, mask=mask, other=0.0,
+                             eviction_policy="evict_last").to(tl.float32)
+                acc_s += dy * tl.where(mask, (x - mean) * rstd, 0.0)
+                acc_d += dy
+            sc = tl.sum(acc_s, axis=1)
+            dc = tl.sum(acc_d, axis=1)
+            tl.store(pg + cc, sc, mask=cmask)
+            tl.store(pg + plane + cc, dc, mask=cmask)
+            w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
+            w = tl.where(cmask, w, 0.0)
+            a += tl.sum(w * sc)
+            bs += tl.sum(w * dc)
+        if want_dx != 0:
+            ka = a * inv_n
+            kb = bs * inv_n
+            for c0 in range(0, Cg, BLOCK_C):
+                cc = c0 + ci
+                cmask = cc < Cg
+                w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0),
+                            other=1.0).to(tl.float32)
+                rows = cc[:, None] * HW
+                for h0 in range(0, HW, BLOCK_HW):
+                    hh = h0 + hi
+                    mask = cmask[:, None] & (hh < HW)[None, :]
+                    offs = rows + hh[None, :]
+                    x = tl.load(xg + offs, mask=mask, other=0.0,
+                                eviction_policy="evict_first").to(tl.float32)
+                    dy = tl.load(dyg + offs, mask=mask, other=0.0,
+                                 eviction_policy="evict_first").to(tl.float32)
+                    xhat = (x - mean) * rstd
+                    dx = rstd * (dy * w[:, None] - (xhat * ka + kb))
+                    tl.store(dxg + offs, dx.to(dtype), mask=mask)
+
+
+@triton.jit
+def group_norm_reduce_kernel(partial_ptr, dw_ptr, db_ptr, B, C, want_dw, want_db,
+                             BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr):
+    """dw[c] = sum_b partial[0, b, c], db[c] = sum_b partial[1, b, c]; fp32 sums, one
+    program per BLOCK_C channels."""
+    out_dtype = dw_ptr.dtype.element_ty
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    plane = B.to(tl.int64) * C
+    acc_w = tl.zeros((BLOCK_B, BLOCK_C), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_B, BLOCK_C), dtype=tl.float32)
+    for start in range(0, B, BLOCK_B):
+        rows = start + tl.arange(0, BLOCK_B)
+        mask = (rows < B)[:, None] & cmask[None, :]
+        offs = rows[:, None].to(tl.int64) * C + cols[None, :]
+        acc_w += tl.load(partial_ptr + offs, mask=mask, other=0.0)
+        acc_b += tl.load(partial_ptr + plane + offs, mask=mask, other=0.0)
+    tl.store(dw_ptr + cols, tl.sum(acc_w, axis=0).to(out_dtype), mask=cmask & (want_dw != 0))
+    tl.store(db_ptr + cols, tl.sum(acc_b, axis=0).to(out_dtype), mask=cmask & (want_db != 0))
+
+
+# (tile elements, warps) and the BLOCK_HW buckets per tile; BLOCK_C = tile / BLOCK_HW. The
+# launcher picks the tile and BLOCK_HW that waste the fewest masked lanes (HW rounded up to
+# a multiple of BLOCK_HW, Cg to a multiple of BLOCK_C). Variants are keyed by
+# block = BLOCK_HW * KEY + BLOCK_C. Aligned variants (HW a multiple of 16, 16-byte aligned
+# tensors) only where a tile row is long enough to use vector loads.
+TILES = ((1024, 4), (8192, 16))
+HW_BUCKETS = (1, 8, 64, 512, 4096)
+ALIGNED_MIN_HW = 64
+KEY = 1 << 16
+REDUCE_B, REDUCE_C = 16, 128
+
+_FWD_ARGS = ("x_ptr", "w_ptr", "b_ptr", "y_ptr", "mean_ptr", "rstd_ptr", "groups", "G", "Cg",
+             "HW", "eps", "has_w", "has_b")
+_BWD_ARGS = ("dy_ptr", "x_ptr", "w_ptr", "mean_ptr", "rstd_ptr", "dx_ptr", "partial_ptr",
+             "groups", "G", "Cg", "HW", "has_w", "want_dx")
+_REDUCE_ARGS = ("partial_ptr", "dw_ptr", "db_ptr", "B", "C", "want_dw", "want_db")
+_FP32 = ("w_ptr", "b_ptr", "mean_ptr", "rstd_ptr", "partial_ptr")
+_SCALARS = {"groups": "i32", "G": "i32", "Cg": "i32", "HW": "i32", "eps": "fp32",
+            "has_w": "i32", "has_b": "i32", "want_dx": "i32", "B": "i32", "C": "i32",
+            "want_dw": "i32", "want_db": "i32"}
+
+
+def _signature(args, dt, constexprs, fp32_ptrs=_FP32):
+    sig = {}
+    for a in args:
+        if a in _SCALARS:
+            sig[a] = _SCALARS[a]
+        else:
+            sig[a] = "*fp32" if a in fp32_ptrs else f"*{dt}"
+    sig.update({c: "constexpr" for c in constexprs})
+    return sig
+
+
+def tile_shapes():
+    """(BLOCK_HW, BLOCK_C, warps) of every built tile shape."""
+    out = []
+    for tile, warps in TILES:
+        for hw in HW_BUCKETS:
+            if hw <= tile:
+                out.append((hw, tile // hw, warps))
+    return out
+
+
+def variants(arch: int) -> list:
+    out = []
+    for dt in DTYPES:
+        for hw, c, warps in tile_shapes():
+            for aligned in ((0, FLAG_ALIGNED) if hw >= ALIGNED_MIN_HW else (0,)):
+                constexprs = {"BLOCK_C": c, "BLOCK_HW": hw}
+                for family, kernel, args in (
+                        ("group_norm_fwd", "group_norm_fwd_kernel", _FWD_ARGS),
+                        ("group_norm_bwd", "group_norm_bwd_kernel", _BWD_ARGS)):
+                    sig = _signature(args, dt, constexprs)
+                    # Weight and bias may sit anywhere: no alignment hint on them.
+                    hinted = tuple(a for a in aligned_args(sig, aligned, ("HW",))
+                                   if a not in ("w_ptr", "b_ptr"))
+                    out.append(Variant(family=family, kernel=kernel, dtype=dt,
+                                       block=hw * KEY + c, signature=sig,
+                                       constexprs=constexprs, num_warps=warps, flags=aligned,
+                                       divisible_by_16=hinted))
+        # The reduction is keyed by the parameters' dtype (its outputs).
+        sig = _signature(_REDUCE_ARGS, dt, ("BLOCK_B", "BLOCK_C"), fp32_ptrs=("partial_ptr",))
+        out.append(Variant(family="group_norm_reduce", kernel="group_norm_reduce_kernel",
+                           dtype=dt, block=REDUCE_C, signature=sig,
+                           constexprs={"BLOCK_B": REDUCE_B, "BLOCK_C": REDUCE_C}, num_warps=4))
+    return out
