@@ -14,6 +14,25 @@ Rows as_rows(const Tensor& x) {
   return {aten::view(xc, {m, n}), m, n};
 }
 
+namespace {
+bool dim_is_last(const Tensor& x, int64_t dim) { return x.dim() == 0 || dim == x.dim() - 1; }
+}  // namespace
+
+Rows as_rows(const Tensor& x, int64_t dim) {
+  auto xc = aten::contiguous(dim_is_last(x, dim) ? x : aten::movedim(x, dim, -1));
+  const int64_t n = x.dim() == 0 ? 1 : xc.size(-1);
+  const int64_t m = n == 0 ? 0 : xc.numel() / n;
+  return {aten::view(xc, {m, n}), m, n};
+}
+
+Tensor from_rows(const Tensor& out, const Tensor& like, int64_t dim) {
+  if (dim_is_last(like, dim)) return aten::view(out, like.sizes());
+  auto sizes = sizes_vec(like);
+  sizes.erase(sizes.begin() + dim);
+  sizes.push_back(like.size(dim));
+  return aten::contiguous(aten::movedim(aten::view(out, sizes), -1, dim));
+}
+
 uint32_t flags_for(int64_t n, std::initializer_list<const Tensor*> tensors) {
   return (n % 16 == 0 && aligned16(tensors)) ? kFlagAligned : 0;
 }

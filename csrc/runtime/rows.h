@@ -17,6 +17,13 @@ struct Rows {
 // A contiguous (M, N) view of x over its last dim (a copy only when x is not contiguous).
 Rows as_rows(const Tensor& x);
 
+// x with `dim` moved last, as a contiguous (M, N) matrix (a copy unless dim is the last and
+// x is contiguous); a 0-dim x is one row of one element.
+Rows as_rows(const Tensor& x, int64_t dim);
+
+// The (M, N) result of as_rows(like, dim) back in like's shape and dim order, contiguous.
+Tensor from_rows(const Tensor& out, const Tensor& like, int64_t dim);
+
 // kFlagAligned when n is a multiple of 16 and every defined tensor is 16-byte aligned.
 uint32_t flags_for(int64_t n, std::initializer_list<const Tensor*> tensors);
 

@@ -24,29 +24,9 @@ using runtime::flags_for;
 using runtime::KernelFamily;
 using runtime::KernelSpec;
 
-bool dim_is_last(const Tensor& x, int64_t dim) { return x.dim() == 0 || dim == x.dim() - 1; }
-
-struct Rows {
-  Tensor t;  // contiguous (m, n)
-  int64_t m, n;
-};
-
-// t with `dim` moved last, as a contiguous (m, n) matrix.
-Rows as_rows(const Tensor& t, int64_t dim) {
-  auto tc = aten::contiguous(dim_is_last(t, dim) ? t : aten::movedim(t, dim, -1));
-  const int64_t n = t.dim() == 0 ? 1 : tc.size(-1);
-  const int64_t m = tc.numel() / n;
-  return {aten::view(tc, {m, n}), m, n};
-}
-
-// The (m, n) result of as_rows(like, dim) back in like's shape and dim order, contiguous.
-Tensor from_rows(const Tensor& out, const Tensor& like, int64_t dim) {
-  if (dim_is_last(like, dim)) return aten::view(out, like.sizes());
-  auto sizes = sizes_vec(like);
-  sizes.erase(sizes.begin() + dim);
-  sizes.push_back(like.size(dim));
-  return aten::contiguous(aten::movedim(aten::view(out, sizes), -1, dim));
-}
+using runtime::as_rows;
+using runtime::from_rows;
+using runtime::Rows;
 
 struct Families {
   const KernelFamily& aligned;    // single pass, 16-aligned rows
@@ -63,12 +43,12 @@ std::pair<const KernelSpec*, int64_t> choose(const char* op, const Families& fam
   FK_CHECK(rows.n <= kMaxRow, op, ": a softmax over more than ", kMaxRow,
            " elements is not supported on CUDA, got ", rows.n);
   const auto& single = flags & runtime::kFlagAligned ? fams.aligned : fams.unaligned;
-  if (rows.n <= single.max_block(rows.t)) {
-    const auto& k = single.pick(op, rows.t, rows.n, flags);
+  if (rows.n <= single.max_block(rows.x2d)) {
+    const auto& k = single.pick(op, rows.x2d, rows.n, flags);
     return {&k, checks::ceil_div(rows.m, k.constexpr_value("ROWS"))};
   }
-  const auto& k = fams.looped.pick(op, rows.t, 0, flags);
-  const int64_t sms = runtime::device_sm_count(rows.t.device().index());
+  const auto& k = fams.looped.pick(op, rows.x2d, 0, flags);
+  const int64_t sms = runtime::device_sm_count(rows.x2d.device().index());
   return {&k, std::min(rows.m, k.constexpr_value("PER_SM") * sms)};
 }
 
@@ -81,9 +61,9 @@ Tensor softmax_cuda(Tensor x, int64_t dim) {
   static const Families fams{runtime::family("softmax_fwd"),
                              runtime::family("softmax_fwd_unaligned"),
                              runtime::family("softmax_fwd_looped")};
-  auto [k, programs] = choose(op, fams, rows, flags_for(rows.n, {&rows.t, &y}));
+  auto [k, programs] = choose(op, fams, rows, flags_for(rows.n, {&rows.x2d, &y}));
   KernelArgs args;
-  args.ptr(rows.t).ptr(y).i64(rows.n).i64(rows.n).i64(rows.m).i32(rows.n);
+  args.ptr(rows.x2d).ptr(y).i64(rows.n).i64(rows.n).i64(rows.m).i32(rows.n);
   runtime::launch(op, *k, x.device(), {programs, 1, 1}, args);
   return from_rows(y, x, d);
 }
@@ -98,9 +78,9 @@ Tensor softmax_backward_cuda(Tensor grad_y, Tensor y, int64_t dim) {
   static const Families fams{runtime::family("softmax_bwd"),
                              runtime::family("softmax_bwd_unaligned"),
                              runtime::family("softmax_bwd_looped")};
-  auto [k, programs] = choose(op, fams, ys, flags_for(ys.n, {&dys.t, &ys.t, &dx}));
+  auto [k, programs] = choose(op, fams, ys, flags_for(ys.n, {&dys.x2d, &ys.x2d, &dx}));
   KernelArgs args;
-  args.ptr(dys.t).ptr(ys.t).ptr(dx).i64(ys.n).i64(ys.n).i64(ys.n).i64(ys.m).i32(ys.n);
+  args.ptr(dys.x2d).ptr(ys.x2d).ptr(dx).i64(ys.n).i64(ys.n).i64(ys.n).i64(ys.m).i32(ys.n);
   runtime::launch(op, *k, y.device(), {programs, 1, 1}, args);
   return from_rows(dx, y, d);
 }

@@ -19,29 +19,9 @@ using runtime::flags_for;
 using runtime::KernelArgs;
 using runtime::KernelFamily;
 
-bool dim_is_last(const Tensor& x, int64_t dim) { return x.dim() == 0 || dim == x.dim() - 1; }
-
-struct Rows {
-  Tensor t;  // contiguous (m, n)
-  int64_t m, n;
-};
-
-// t with `dim` moved last, as a contiguous (m, n) matrix.
-Rows as_rows(const Tensor& t, int64_t dim) {
-  auto tc = aten::contiguous(dim_is_last(t, dim) ? t : aten::movedim(t, dim, -1));
-  const int64_t n = t.dim() == 0 ? 1 : tc.size(-1);
-  const int64_t m = tc.numel() / n;
-  return {aten::view(tc, {m, n}), m, n};
-}
-
-// The (m, n) result of as_rows(like, dim) back in like's shape and dim order, contiguous.
-Tensor from_rows(const Tensor& out, const Tensor& like, int64_t dim) {
-  if (dim_is_last(like, dim)) return aten::view(out, like.sizes());
-  auto sizes = sizes_vec(like);
-  sizes.erase(sizes.begin() + dim);
-  sizes.push_back(like.size(dim));
-  return aten::contiguous(aten::movedim(aten::view(out, sizes), -1, dim));
-}
+using runtime::as_rows;
+using runtime::from_rows;
+using runtime::Rows;
 
 // The largest row a program holds in registers (triton_src/sparsemax.py, MAX_BLOCK).
 constexpr int64_t kMaxRow = 32768;
@@ -55,7 +35,7 @@ const runtime::KernelSpec& choose(const char* op, const KernelFamily& aligned,
                                   const KernelFamily& unaligned, const Rows& rows,
                                   uint32_t flags) {
   const auto& fam = flags & runtime::kFlagAligned ? aligned : unaligned;
-  return fam.pick(op, rows.t, rows.n, flags);
+  return fam.pick(op, rows.x2d, rows.n, flags);
 }
 
 Tensor sparsemax_cuda(Tensor x, int64_t dim) {
@@ -67,9 +47,9 @@ Tensor sparsemax_cuda(Tensor x, int64_t dim) {
   static const KernelFamily& aligned = runtime::family("sparsemax_fwd");
   static const KernelFamily& unaligned = runtime::family("sparsemax_fwd_unaligned");
   auto y = aten::empty({rows.m, rows.n}, x.scalar_type(), x.device());
-  const auto& kf = choose(op, aligned, unaligned, rows, flags_for(rows.n, {&rows.t, &y}));
+  const auto& kf = choose(op, aligned, unaligned, rows, flags_for(rows.n, {&rows.x2d, &y}));
   KernelArgs args;
-  args.ptr(rows.t).ptr(y).i64(rows.n).i64(rows.n).i64(rows.m).i32(rows.n);
+  args.ptr(rows.x2d).ptr(y).i64(rows.n).i64(rows.n).i64(rows.m).i32(rows.n);
   runtime::launch(op, kf, x.device(), {rows.m, 1, 1}, args);
   return from_rows(y, x, d);
 }
@@ -84,9 +64,9 @@ Tensor sparsemax_backward_cuda(Tensor grad_y, Tensor y, int64_t dim) {
   auto dx = aten::empty({ys.m, ys.n}, y.scalar_type(), y.device());
   static const KernelFamily& aligned = runtime::family("sparsemax_bwd");
   static const KernelFamily& unaligned = runtime::family("sparsemax_bwd_unaligned");
-  const auto& k = choose(op, aligned, unaligned, ys, flags_for(ys.n, {&dys.t, &ys.t, &dx}));
+  const auto& k = choose(op, aligned, unaligned, ys, flags_for(ys.n, {&dys.x2d, &ys.x2d, &dx}));
   KernelArgs args;
-  args.ptr(dys.t).ptr(ys.t).ptr(dx).i64(ys.n).i64(ys.n).i64(ys.n).i64(ys.m).i32(ys.n);
+  args.ptr(dys.x2d).ptr(ys.x2d).ptr(dx).i64(ys.n).i64(ys.n).i64(ys.n).i64(ys.m).i32(ys.n);
   runtime::launch(op, k, y.device(), {ys.m, 1, 1}, args);
   return from_rows(dx, y, d);
 }

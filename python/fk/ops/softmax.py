@@ -2,7 +2,7 @@
 op's output y (``fk::_softmax_backward``)."""
 import torch
 
-from . import _autograd, _checks as c
+from . import _autograd, _over_dim
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -35,46 +35,6 @@ def _eager_softmax(x, dim: int):
     return _softmax_eager(x, dim)
 
 
-# --- checks and fake kernels (csrc/ops/softmax/softmax.cpp raises the same messages) -------
+# --- checks, fake kernels and autograd (the forward keeps its output y) ---------------------
 
-def check_softmax(x, dim):
-    op = "fk::softmax"
-    c.check_float(op, "x", x)
-    ndim = max(x.dim(), 1)
-    c.check(-ndim <= dim < ndim, op, ": dim ", dim, " is out of range for x with ", x.dim(),
-            " dimensions (expected a value in [", -ndim, ", ", ndim - 1, "])")
-
-
-def check_softmax_backward(grad_y, y, dim):
-    op = "fk::_softmax_backward"
-    c.check_pair(op, "grad_y", grad_y, "y", y)
-    c.check_same_shape(op, "grad_y", grad_y, "y", y)
-    check_softmax(y, dim)
-
-
-@torch.library.register_fake("fk::softmax")
-def _softmax_fake(x, dim=-1):
-    check_softmax(x, dim)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@torch.library.register_fake("fk::_softmax_backward")
-def _backward_fake(grad_y, y, dim):
-    check_softmax_backward(grad_y, y, dim)
-    return torch.empty_like(y, memory_format=torch.contiguous_format)
-
-
-# --- autograd: the forward keeps its output y ----------------------------------------------
-
-def _setup_context(ctx, inputs, output):
-    _x, dim = inputs
-    ctx.save_for_backward(output)
-    ctx.dim = dim
-
-
-def _backward(ctx, grad_y):
-    (y,) = ctx.saved_tensors
-    return torch.ops.fk._softmax_backward(grad_y, y, ctx.dim), None
-
-
-_softmax_eager = _autograd.register("fk::softmax", _backward, _setup_context)
+check_softmax, _softmax_eager = _over_dim.register("softmax")

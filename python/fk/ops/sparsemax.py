@@ -2,7 +2,7 @@
 the op's output y, whose nonzero entries are the support (``fk::_sparsemax_backward``)."""
 import torch
 
-from . import _autograd, _checks as c
+from . import _autograd, _over_dim
 
 
 def sparsemax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -40,46 +40,6 @@ def _eager_sparsemax(x, dim: int):
     return _sparsemax_eager(x, dim)
 
 
-# --- checks and fake kernels (csrc/ops/sparsemax/sparsemax.cpp raises the same messages) ---
+# --- checks, fake kernels and autograd (the forward keeps its output y) ---------------------
 
-def check_sparsemax(x, dim):
-    op = "fk::sparsemax"
-    c.check_float(op, "x", x)
-    ndim = max(x.dim(), 1)
-    c.check(-ndim <= dim < ndim, op, ": dim ", dim, " is out of range for x with ", x.dim(),
-            " dimensions (expected a value in [", -ndim, ", ", ndim - 1, "])")
-
-
-def check_sparsemax_backward(grad_y, y, dim):
-    op = "fk::_sparsemax_backward"
-    c.check_pair(op, "grad_y", grad_y, "y", y)
-    c.check_same_shape(op, "grad_y", grad_y, "y", y)
-    check_sparsemax(y, dim)
-
-
-@torch.library.register_fake("fk::sparsemax")
-def _sparsemax_fake(x, dim=-1):
-    check_sparsemax(x, dim)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@torch.library.register_fake("fk::_sparsemax_backward")
-def _backward_fake(grad_y, y, dim):
-    check_sparsemax_backward(grad_y, y, dim)
-    return torch.empty_like(y, memory_format=torch.contiguous_format)
-
-
-# --- autograd: the forward keeps its output y ----------------------------------------------
-
-def _setup_context(ctx, inputs, output):
-    _x, dim = inputs
-    ctx.save_for_backward(output)
-    ctx.dim = dim
-
-
-def _backward(ctx, grad_y):
-    (y,) = ctx.saved_tensors
-    return torch.ops.fk._sparsemax_backward(grad_y, y, ctx.dim), None
-
-
-_sparsemax_eager = _autograd.register("fk::sparsemax", _backward, _setup_context)
+check_sparsemax, _sparsemax_eager = _over_dim.register("sparsemax")
