@@ -152,3 +152,24 @@ def rms_norm_bwd_looped_rows(dy_ptr, ds_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_
             dw = tl.load(dw_row + cols, mask=wmask, other=0.0)
             dw += dy * rms_normalize(x, rstd, casting, dtype)
             tl.store(dw_row + cols, dw, mask=wmask)
+
+
+@triton.jit
+def qk_head_rows(bi, nqb, b, s, s_mask, q_ptr, k_ptr, qo_ptr, ko_ptr, q_sb, q_sh, q_ss, k_sb,
+                 k_sh, k_ss, qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss, Hq, Hkv,
+                 BH: tl.constexpr):
+    """The rotary-embedding ops' tiles over q and k together (rope, llama4_rope,
+    qwen2vl_mrope): row pointers (input, output) and row mask [BS, BH] of head block ``bi``
+    of the list [q head blocks..., k head blocks...] (nqb of q's), at batch b and sequence
+    positions s (masked by s_mask), with each tensor's batch / head / seq strides. A block
+    past the last one has an all-false mask."""
+    is_q = bi < nqb
+    h = tl.where(is_q, bi, bi - nqb) * BH + tl.arange(0, BH)
+    mask = s_mask[:, None] & (h < tl.where(is_q, Hq, Hkv))[None, :]
+    s64 = s.to(tl.int64)[:, None]
+    h64 = h.to(tl.int64)[None, :]
+    x_rows = (b * tl.where(is_q, q_sb, k_sb) + s64 * tl.where(is_q, q_ss, k_ss)
+              + h64 * tl.where(is_q, q_sh, k_sh))
+    o_rows = (b * tl.where(is_q, qo_sb, ko_sb) + s64 * tl.where(is_q, qo_ss, ko_ss)
+              + h64 * tl.where(is_q, qo_sh, ko_sh))
+    return tl.where(is_q, q_ptr, k_ptr) + x_rows, tl.where(is_q, qo_ptr, ko_ptr) + o_rows, mask

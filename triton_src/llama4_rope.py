@@ -22,26 +22,9 @@ buffers) or the seq block fastest (memory order of (B, H, S, D) buffers viewed a
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args, qk_head_rows
 
 FLAG_FREQS_FP32 = 2  # freqs are float32 (otherwise they have q's dtype)
-
-
-@triton.jit
-def _rows(bi, nqb, b, s, s_mask, q_ptr, k_ptr, qo_ptr, ko_ptr, q_sb, q_ss, q_sh, k_sb, k_ss,
-          k_sh, qo_sb, qo_ss, qo_sh, ko_sb, ko_ss, ko_sh, Hq, Hkv, BH: tl.constexpr):
-    """Row pointers (input, output) and row mask [BS, BH] of head block ``bi``: q's blocks
-    first, then k's. A block past the last one has an all-false mask."""
-    is_q = bi < nqb
-    h = tl.where(is_q, bi, bi - nqb) * BH + tl.arange(0, BH)
-    mask = s_mask[:, None] & (h < tl.where(is_q, Hq, Hkv))[None, :]
-    s64 = s.to(tl.int64)[:, None]
-    h64 = h.to(tl.int64)[None, :]
-    x_rows = (b * tl.where(is_q, q_sb, k_sb) + s64 * tl.where(is_q, q_ss, k_ss)
-              + h64 * tl.where(is_q, q_sh, k_sh))
-    o_rows = (b * tl.where(is_q, qo_sb, ko_sb) + s64 * tl.where(is_q, qo_ss, ko_ss)
-              + h64 * tl.where(is_q, qo_sh, ko_sh))
-    return tl.where(is_q, q_ptr, k_ptr) + x_rows, tl.where(is_q, qo_ptr, ko_ptr) + o_rows, mask
 
 
 @triton.jit
@@ -87,9 +70,9 @@ def llama4_rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, f_ptr, q_sb, q_ss, q_sh, k_
         fc = fc[:, None, :]
         fs = sign * fs[:, None, :]
         for i in range(STEPS):
-            xr, orow, rmask = _rows(blk0 + i, nqb, b, s, s_mask, q_ptr, k_ptr, qo_ptr, ko_ptr,
-                                    q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, qo_sb, qo_ss, qo_sh,
-                                    ko_sb, ko_ss, ko_sh, Hq, Hkv, BH)
+            xr, orow, rmask = qk_head_rows(blk0 + i, nqb, b, s, s_mask, q_ptr, k_ptr, qo_ptr,
+                                           ko_ptr, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, qo_sb,
+                                           qo_sh, qo_ss, ko_sb, ko_sh, ko_ss, Hq, Hkv, BH)
             _rotate_tile(xr, orow, rmask, cols, ccols, fc, fs, HB)
 
 

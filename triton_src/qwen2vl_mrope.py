@@ -26,7 +26,7 @@ read are those of one (S, D) table) and reused across its heads.
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args, qk_head_rows
 
 FLAG_COS_FP32 = 2  # cos / sin are float32 (otherwise they have q's dtype)
 
@@ -34,23 +34,6 @@ FLAG_COS_FP32 = 2  # cos / sin are float32 (otherwise they have q's dtype)
 MODE_INTERLEAVED = tl.constexpr(1)     # Qwen3-VL stream assignment
 MODE_INVERSE = tl.constexpr(2)         # the backward (transposed) map
 MODE_HEADS_FASTEST = tl.constexpr(4)   # grid order: head groups fastest
-
-
-@triton.jit
-def _rows(bi, nqb, b, s, s_mask, q_ptr, k_ptr, qo_ptr, ko_ptr, q_sb, q_sh, q_ss, k_sb, k_sh,
-          k_ss, qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss, Hq, Hkv, BH: tl.constexpr):
-    """Row pointers (input, output) and row mask [BS, BH] of head block ``bi``: q's blocks
-    first, then k's. A block past the last one has an all-false mask."""
-    is_q = bi < nqb
-    h = tl.where(is_q, bi, bi - nqb) * BH + tl.arange(0, BH)
-    mask = s_mask[:, None] & (h < tl.where(is_q, Hq, Hkv))[None, :]
-    s64 = s.to(tl.int64)[:, None]
-    h64 = h.to(tl.int64)[None, :]
-    x_rows = (b * tl.where(is_q, q_sb, k_sb) + s64 * tl.where(is_q, q_ss, k_ss)
-              + h64 * tl.where(is_q, q_sh, k_sh))
-    o_rows = (b * tl.where(is_q, qo_sb, ko_sb) + s64 * tl.where(is_q, qo_ss, ko_ss)
-              + h64 * tl.where(is_q, qo_sh, ko_sh))
-    return tl.where(is_q, q_ptr, k_ptr) + x_rows, tl.where(is_q, qo_ptr, ko_ptr) + o_rows, mask
 
 
 @triton.jit
@@ -111,9 +94,9 @@ def qwen2vl_mrope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, q_sb, q
         s1 = sign * tl.load(sin_ptr + at + s1_off, mask=cmask, other=0.0).to(tl.float32)[:, None, :]
         s2 = sign * tl.load(sin_ptr + at + s2_off, mask=cmask, other=0.0).to(tl.float32)[:, None, :]
         for i in range(STEPS):
-            xr, orow, rmask = _rows(blk0 + i, nqb, b, s, s_mask, q_ptr, k_ptr, qo_ptr, ko_ptr,
-                                    q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, qo_sb, qo_sh, qo_ss,
-                                    ko_sb, ko_sh, ko_ss, Hq, Hkv, BH)
+            xr, orow, rmask = qk_head_rows(blk0 + i, nqb, b, s, s_mask, q_ptr, k_ptr, qo_ptr,
+                                           ko_ptr, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, qo_sb,
+                                           qo_sh, qo_ss, ko_sb, ko_sh, ko_ss, Hq, Hkv, BH)
             _rotate_tile(xr, orow, rmask, pairs, pmask, half, c1, c2, s1, s2)
 
 

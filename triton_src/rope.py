@@ -31,27 +31,9 @@ block fastest (memory order for contiguous (B, H, S, D)).
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args, qk_head_rows
 
 FLAG_COS_FP32 = 2  # cos / sin are float32 (otherwise they have q's dtype)
-
-
-@triton.jit
-def _head_block(bi, nqb, b, s, s_mask, q_ptr, k_ptr, qo_ptr, ko_ptr, q_sb, q_sh, q_ss, k_sb,
-                k_sh, k_ss, qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss, Hq, Hkv,
-                BH: tl.constexpr):
-    """Row pointers (input, output) and row mask [BS, BH] of head block ``bi``: q's blocks
-    come first, then k's. A block past the last one has an all-false mask."""
-    is_q = bi < nqb
-    h = tl.where(is_q, bi, bi - nqb) * BH + tl.arange(0, BH)
-    mask = s_mask[:, None] & (h < tl.where(is_q, Hq, Hkv))[None, :]
-    s64 = s.to(tl.int64)[:, None]
-    h64 = h.to(tl.int64)[None, :]
-    x_rows = (b * tl.where(is_q, q_sb, k_sb) + s64 * tl.where(is_q, q_ss, k_ss)
-              + h64 * tl.where(is_q, q_sh, k_sh))
-    o_rows = (b * tl.where(is_q, qo_sb, ko_sb) + s64 * tl.where(is_q, qo_ss, ko_ss)
-              + h64 * tl.where(is_q, qo_sh, ko_sh))
-    return tl.where(is_q, q_ptr, k_ptr) + x_rows, tl.where(is_q, qo_ptr, ko_ptr) + o_rows, mask
 
 
 @triton.jit
@@ -118,7 +100,7 @@ def _rope_program(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, q_sb, q_sh, q_
     for c0 in range(0, half, HB):
         # The first tile's loads go out before the cos / sin loads, so that their
         # latencies overlap.
-        xr, orow, rmask = _head_block(blk0, nqb, b, s, s_mask, q_ptr, k_ptr, qo_ptr, ko_ptr,
+        xr, orow, rmask = qk_head_rows(blk0, nqb, b, s, s_mask, q_ptr, k_ptr, qo_ptr, ko_ptr,
                                       q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, qo_sb, qo_sh, qo_ss,
                                       ko_sb, ko_sh, ko_ss, Hq, Hkv, BH)
         x1, x2 = _load_pairs(xr, rmask, c0, half, INTERLEAVED, HB)
@@ -137,7 +119,7 @@ def _rope_program(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, q_sb, q_sh, q_
         s2 = sign * tl.load(sin_at + s2_off, mask=cmask, other=0.0).to(tl.float32)[:, None, :]
         _store_pairs(orow, rmask, c0, half, x1 * c1 - x2 * s1, x2 * c2 + x1 * s2, INTERLEAVED, HB)
         for i in range(1, STEPS):
-            xr, orow, rmask = _head_block(blk0 + i, nqb, b, s, s_mask, q_ptr, k_ptr, qo_ptr,
+            xr, orow, rmask = qk_head_rows(blk0 + i, nqb, b, s, s_mask, q_ptr, k_ptr, qo_ptr,
                                           ko_ptr, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, qo_sb,
                                           qo_sh, qo_ss, ko_sb, ko_sh, ko_ss, Hq, Hkv, BH)
             x1, x2 = _load_pairs(xr, rmask, c0, half, INTERLEAVED, HB)
@@ -148,7 +130,7 @@ def _rope_program(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, q_sb, q_sh, q_
     for c0 in range(2 * half, D, HB):
         cols = c0 + tl.arange(0, HB)
         for i in range(STEPS):
-            xr, orow, rmask = _head_block(blk0 + i, nqb, b, s, s_mask, q_ptr, k_ptr, qo_ptr,
+            xr, orow, rmask = qk_head_rows(blk0 + i, nqb, b, s, s_mask, q_ptr, k_ptr, qo_ptr,
                                           ko_ptr, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, qo_sb,
                                           qo_sh, qo_ss, ko_sb, ko_sh, ko_ss, Hq, Hkv, BH)
             m = rmask[:, :, None] & (cols < D)[None, None, :]
