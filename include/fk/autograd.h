@@ -642,12 +642,13 @@ class GroupNormFunction : public torch::autograd::Function<GroupNormFunction> {
   }
 };
 
-// --- softmax: on fk::softmax (the backward needs only its output) --------------------------
+// --- softmax, sparsemax: on the public op (the backward needs only the output) ------------
 
-class SoftmaxFunction : public torch::autograd::Function<SoftmaxFunction> {
+// fk::<op>(Tensor x, int dim) whose backward fk::_<op>_backward(grad_y, y, dim) needs only
+// the output y.
+template <const char* Op, const char* Backward>
+class OverDimFunction : public torch::autograd::Function<OverDimFunction<Op, Backward>> {
  public:
-  static constexpr const char* kOp = "fk::softmax";
-
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim) {
     at::AutoDispatchBelowADInplaceOrView guard;
     at::Tensor y = call(x, dim);
@@ -658,73 +659,36 @@ class SoftmaxFunction : public torch::autograd::Function<SoftmaxFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    return detail::once_differentiable(kOp, grads, {&saved[0]}, [&](bool) {
+    return detail::once_differentiable(Op, grads, {&saved[0]}, [&](bool) {
       static const auto op =
-          detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>(
-              "fk::_softmax_backward");
+          detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>(Backward);
       return variable_list{op.call(grads[0], saved[0], ctx->saved_data["dim"].toInt()),
                            at::Tensor()};
     });
   }
 
-  // The Autograd kernel of fk::softmax.
+  // The Autograd kernel of fk::<op>.
   static at::Tensor kernel(const at::Tensor& x, int64_t dim) {
     if (!detail::records({&x})) {
       at::AutoDispatchBelowADInplaceOrView guard;
       return call(x, dim);
     }
-    return apply(x, dim);
+    return OverDimFunction::apply(x, dim);
   }
 
  private:
   static at::Tensor call(const at::Tensor& x, int64_t dim) {
-    static const auto op =
-        detail::op<at::Tensor(const at::Tensor&, int64_t)>("fk::softmax");
+    static const auto op = detail::op<at::Tensor(const at::Tensor&, int64_t)>(Op);
     return op.call(x, dim);
   }
 };
 
-// --- sparsemax: on fk::sparsemax (the backward needs only its output) ----------------------
-
-class SparsemaxFunction : public torch::autograd::Function<SparsemaxFunction> {
- public:
-  static constexpr const char* kOp = "fk::sparsemax";
-
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    at::Tensor y = call(x, dim);
-    ctx->saved_data["dim"] = dim;
-    ctx->save_for_backward({y});
-    return y;
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto saved = ctx->get_saved_variables();
-    return detail::once_differentiable(kOp, grads, {&saved[0]}, [&](bool) {
-      static const auto op =
-          detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>(
-              "fk::_sparsemax_backward");
-      return variable_list{op.call(grads[0], saved[0], ctx->saved_data["dim"].toInt()),
-                           at::Tensor()};
-    });
-  }
-
-  // The Autograd kernel of fk::sparsemax.
-  static at::Tensor kernel(const at::Tensor& x, int64_t dim) {
-    if (!detail::records({&x})) {
-      at::AutoDispatchBelowADInplaceOrView guard;
-      return call(x, dim);
-    }
-    return apply(x, dim);
-  }
-
- private:
-  static at::Tensor call(const at::Tensor& x, int64_t dim) {
-    static const auto op =
-        detail::op<at::Tensor(const at::Tensor&, int64_t)>("fk::sparsemax");
-    return op.call(x, dim);
-  }
-};
+inline constexpr char kSoftmax[] = "fk::softmax";
+inline constexpr char kSoftmaxBackward[] = "fk::_softmax_backward";
+using SoftmaxFunction = OverDimFunction<kSoftmax, kSoftmaxBackward>;
+inline constexpr char kSparsemax[] = "fk::sparsemax";
+inline constexpr char kSparsemaxBackward[] = "fk::_sparsemax_backward";
+using SparsemaxFunction = OverDimFunction<kSparsemax, kSparsemaxBackward>;
 
 // --- fused_add_rms_norm: on fk::_fused_add_rms_norm_forward (the backward needs its rstd) --
 
