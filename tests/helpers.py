@@ -213,6 +213,10 @@ def ref_fused_linear_cross_entropy(x, weight, target, bias=None, ce_weight=None,
 
 HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma",
                   "gemma2", "gemma3_text", "phi3", "olmo2", "granite")
+# More model types apply_fk patches: LayerNorm models (OLMo, Phi, StarCoder 2, Cohere),
+# interleaved rotary (GLM, ERNIE 4.5, Cohere), non-gated MLPs left unpatched (Phi, StarCoder 2).
+HF_MORE_MODEL_TYPES = ("glm", "glm4", "olmo", "olmo3", "smollm3", "phi", "starcoder2", "cohere",
+                       "cohere2", "exaone4", "ernie4_5", "hunyuan_v1_dense", "seed_oss")
 
 # What makes each model type differ from Llama, switched on in its tiny config so that the
 # tests exercise it: MoE experts and the router loss, q/k norms, softcapping, partial rotary,
@@ -229,6 +233,16 @@ _HF_EXTRA = {
                                   "partial_rotary_factor": 0.5}),
     "granite": dict(logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5,
                     attention_multiplier=0.2),
+    "olmo": dict(clip_qkv=2.0),
+    "olmo3": dict(sliding_window=8),
+    "smollm3": dict(no_rope_layers=[1, 0]),
+    "phi": dict(qk_layernorm=True),
+    "cohere": dict(use_qk_norm=True, logit_scale=0.5),
+    "cohere2": dict(logit_scale=0.5, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention"]),
+    "exaone4": dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+    # dropout off by default (its tests switch it on with a seeded generator)
+    "seed_oss": dict(attention_dropout=0.0, residual_dropout=0.0),
 }
 
 

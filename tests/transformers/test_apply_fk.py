@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers import HF_MODEL_TYPES, tiny_hf_model
+from helpers import HF_MODEL_TYPES, HF_MORE_MODEL_TYPES, tiny_hf_model
 
 transformers = pytest.importorskip("transformers")
 import fk.transformers as ft  # noqa: E402
@@ -69,7 +69,103 @@ def test_patches_every_module_and_kernels_run(model_type):
     assert ops.count["_fused_linear_cross_entropy_forward"] == 1
 
 
-@pytest.mark.parametrize("model_type", HF_MODEL_TYPES)
+# What apply_fk replaces in the tiny models of HF_MORE_MODEL_TYPES (2 layers), besides the
+# loss (fused_linear_cross_entropy and cross_entropy, one each). Left unpatched: Phi's and
+# StarCoder 2's MLPs (no gate) and Cohere's q / k norms (a weight per head).
+MORE_EXPECTED = {
+    "glm": dict(rms_norm=5, rope=2, swiglu=2),
+    "glm4": dict(rms_norm=9, rope=2, swiglu=2),
+    "olmo": dict(layer_norm=5, rope=2, swiglu=2),
+    "olmo3": dict(rms_norm=9, rope=2, swiglu=2),
+    "smollm3": dict(rms_norm=5, rope=2, swiglu=2),
+    "phi": dict(layer_norm=7, rope=2),
+    "starcoder2": dict(layer_norm=5, rope=2),
+    "cohere": dict(layer_norm=3, rope=2, swiglu=2),
+    "cohere2": dict(layer_norm=3, rope=2, swiglu=2),
+    "exaone4": dict(rms_norm=9, rope=2, swiglu=2),
+    "ernie4_5": dict(rms_norm=5, rope=2, swiglu=2),
+    "hunyuan_v1_dense": dict(rms_norm=9, rope=2, swiglu=2),
+    "seed_oss": dict(rms_norm=5, rope=2, swiglu=2),
+}
+# Layers applying rotary (SmolLM 3's, EXAONE 4's and Cohere 2's tiny configs have a NoPE one).
+MORE_ROPE_LAYERS = {"smollm3": 1, "exaone4": 1, "cohere2": 1}
+
+
+@pytest.mark.parametrize("model_type", HF_MORE_MODEL_TYPES)
+def test_more_models_patch_what_they_should_and_kernels_run(model_type):
+    model = tiny_hf_model(model_type)
+    ft.apply_fk(model)
+    expected = dict(MORE_EXPECTED[model_type], fused_linear_cross_entropy=1, cross_entropy=1)
+    assert ft.patched(model) == expected
+    ids, labels = _batch()
+    model.train()
+    with FkOps() as ops:
+        model(input_ids=ids, labels=labels).loss.backward()
+    assert ops.count["_rms_norm_forward"] == expected.get("rms_norm", 0)
+    assert ops.count["_rms_norm_backward"] == expected.get("rms_norm", 0)
+    assert ops.count["_layer_norm_forward"] == expected.get("layer_norm", 0)
+    assert ops.count["rope"] == MORE_ROPE_LAYERS.get(model_type, expected["rope"])
+    assert ops.count["swiglu"] == expected.get("swiglu", 0)
+    assert ops.count["geglu"] == 0
+    assert ops.count["_fused_linear_cross_entropy_forward"] == 1
+
+
+MORE_DROPOUT = {"seed_oss": dict(attention_dropout=0.1, residual_dropout=0.1)}
+
+
+def _loss_and_grads(model, ids, labels, **kw):
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=labels, **kw).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                           if p.grad is not None}
+
+
+@pytest.mark.parametrize("model_type", HF_MORE_MODEL_TYPES)
+def test_more_models_same_loss_gradients_and_logits(model_type):
+    """float32 on the CPU: the patched model's training loss and every parameter's gradient
+    are Hugging Face's, and so are its eval logits and loss. Dropout (Seed-OSS's, inside the
+    MLP fk replaces) is on where the model has it: the same seed gives the same masks."""
+    model, ref = _pair(model_type, **MORE_DROPOUT.get(model_type, {}))
+    ids, labels = _batch()
+    model.train(), ref.train()
+    torch.manual_seed(11)
+    loss, grads = _loss_and_grads(model, ids, labels)
+    torch.manual_seed(11)
+    want, want_grads = _loss_and_grads(ref, ids, labels)
+    torch.testing.assert_close(loss, want, atol=1e-6, rtol=1e-5)
+    assert grads.keys() == want_grads.keys()
+    for name in want_grads:
+        torch.testing.assert_close(grads[name], want_grads[name], atol=1e-6, rtol=1e-4,
+                                   msg=name)
+    model.eval(), ref.eval()
+    with torch.no_grad():
+        out, ref_out = model(input_ids=ids, labels=labels), ref(input_ids=ids, labels=labels)
+    torch.testing.assert_close(out.logits, ref_out.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss, ref_out.loss, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", ["seed_oss", "olmo", "cohere", "exaone4"])
+def test_more_models_tiled_mlp(model_type):
+    """tiled_mlp=True on gate / up / down MLPs of the added model types (Seed-OSS's with its
+    output dropout): the same loss and gradients."""
+    model, ref = _pair(model_type, **MORE_DROPOUT.get(model_type, {}))
+    ft.apply_fk(model, tiled_mlp=True, num_shards=3)
+    kinds = ft.patched(model)
+    assert kinds["tiled_mlp"] == 2 and "swiglu" not in kinds
+    ids, labels = _batch()
+    model.train(), ref.train()
+    torch.manual_seed(5)
+    loss, grads = _loss_and_grads(model, ids, labels)
+    torch.manual_seed(5)
+    want, want_grads = _loss_and_grads(ref, ids, labels)
+    torch.testing.assert_close(loss, want, atol=1e-6, rtol=1e-5)
+    for name in want_grads:
+        torch.testing.assert_close(grads[name], want_grads[name], atol=1e-6, rtol=1e-4,
+                                   msg=name)
+
+
+@pytest.mark.parametrize("model_type", HF_MODEL_TYPES + HF_MORE_MODEL_TYPES)
 def test_revert_restores_the_model_exactly(model_type):
     model = tiny_hf_model(model_type)
     pristine = copy.deepcopy(model)
@@ -227,7 +323,8 @@ def test_logits_built_when_fused_loss_is_off():
     torch.testing.assert_close(model.lm_head.weight.grad, ref.lm_head.weight.grad)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gemma2", "granite", "qwen3_moe"])
+@pytest.mark.parametrize("model_type", ["llama", "gemma2", "granite", "qwen3_moe", "cohere",
+                                        "phi"])
 def test_num_items_in_batch_and_shift_labels(model_type):
     model, ref = _pair(model_type)
     ids, labels = _batch()
@@ -286,7 +383,8 @@ def test_autocast_with_float32_weights():
 # --- generation -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("model_type", ["llama", "qwen3_moe", "gemma2", "phi3", "olmo2"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3_moe", "gemma2", "phi3", "olmo2"]
+                         + list(HF_MORE_MODEL_TYPES))
 def test_generate_matches_unpatched(model_type, device):
     model, ref = _pair(model_type)
     model.to(device), ref.to(device)

@@ -10,24 +10,28 @@ What is replaced, per module kind (each switched by the keyword of the same name
 - ``rms_norm``: every RMSNorm of the model (including Qwen 3's and Gemma 3's q/k norms and
   OLMo 2's), with the model's own rounding: Llama-style, Gemma-style (``offset=1``, float32
   throughout) or OLMo 2-style (float32 product with the weight).
-- ``rope``: the rotate-half rotary embedding in attention (partial rotary where the model
-  has it, e.g. Phi-3 with ``partial_rotary_factor``), q and k in one launch.
+- ``rope``: the rotary embedding in attention, q and k in one launch: rotate-half (Llama),
+  or interleaved pairs ``(x[2i], x[2i+1])`` (GLM, ERNIE 4.5, Cohere); partial rotary where
+  the model has it (Phi, Phi-3, GLM with ``partial_rotary_factor``).
 - ``swiglu`` / ``geglu``: the gate of the MLPs (``act(gate_proj(x)) * up_proj(x)``), by the
   model's activation: SiLU -> swiglu, tanh GELU (Gemma) -> geglu "tanh", exact GELU -> geglu
-  "none"; also Phi-3's stacked ``gate_up_proj`` and the MoE experts of Mixtral / Qwen3-MoE.
+  "none"; also the stacked ``gate_up_proj`` of Phi-3 and GLM / GLM-4 and the MoE experts of
+  Mixtral / Qwen3-MoE. MLPs without a gate (Phi's, StarCoder 2's) stay Hugging Face's.
 - ``fused_linear_cross_entropy``: in training (``model.training`` and ``labels`` given) the
   causal-LM loss comes from the hidden states through ``fk.fused_linear_cross_entropy``:
   the ``(tokens, vocab)`` logits are never built and ``outputs.logits`` is None. Hugging
   Face's conventions hold: labels shifted inside, ``ignore_index=-100``,
   ``num_items_in_batch`` (a sum divided by it, for gradient accumulation), ``shift_labels``,
-  ``logits_to_keep``, Gemma's final logit softcapping, Granite's ``logits_scaling``, and the
-  MoE router auxiliary loss. In eval mode or without labels the model's forward runs as
-  before and returns logits.
+  ``logits_to_keep``, Gemma's final logit softcapping, Granite's ``logits_scaling``,
+  Cohere's ``logit_scale``, and the MoE router auxiliary loss. In eval mode or without
+  labels the model's forward runs as before and returns logits.
 - ``cross_entropy``: where logits are built (eval with labels, or with
   ``fused_linear_cross_entropy=False``), the loss through ``fk.cross_entropy``.
-- ``layer_norm``: any ``torch.nn.LayerNorm`` over the last dimension.
+- ``layer_norm``: any ``torch.nn.LayerNorm`` over the last dimension (Phi's, StarCoder 2's),
+  and the models' own LayerNorms: Cohere's (no bias) and OLMo's (no weight, no bias), all
+  float32 inside and rounded once, as theirs. Cohere's q / k norms (a weight per head) stay.
 - ``tiled_mlp`` (off by default): the whole ``gate_proj`` / ``up_proj`` / ``down_proj`` MLP
-  of the SwiGLU and GeGLU models (not Phi-3's stacked MLP nor MoE experts) runs as
+  of the SwiGLU and GeGLU models (not the stacked MLPs of Phi-3 / GLM nor MoE experts) runs as
   ``fk.nn.TiledSwiGLUMLP`` / ``TiledGEGLUMLP`` would, on the module's own parameters: over
   the tokens in ``num_shards`` shards (None: ``ceil(seq / hidden_size)``), keeping no
   activations for the backward, which recomputes them shard by shard. It takes the place

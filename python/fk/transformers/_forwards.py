@@ -15,7 +15,7 @@ from ..ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from ..ops.geglu import geglu
 from ..ops.layer_norm import layer_norm
 from ..ops.rms_norm import rms_norm
-from ..ops.rope import apply_rotary_pos_emb
+from ..ops.rope import apply_rotary_pos_emb, rope
 from ..ops.swiglu import swiglu
 from ..nn.tiled_mlp import tiled_gated_mlp
 
@@ -57,16 +57,36 @@ def layer_norm_forward(self, x):
     return layer_norm(x, self.weight, self.bias, self.eps)
 
 
-def mlp_forward(self, x, *, gate):
+def model_layer_norm_forward(self, x, *, spec):
+    """A model's own LayerNorm class over the last dim (Cohere's, OLMo's): weight and bias
+    where the module has them, epsilon from the table's spec."""
+    weight, bias = getattr(self, "weight", None), getattr(self, "bias", None)
+    if weight is not None and weight.dtype != x.dtype:  # e.g. float32 weights under autocast
+        weight = weight.to(x.dtype)
+    if bias is not None and bias.dtype != x.dtype:
+        bias = bias.to(x.dtype)
+    eps = getattr(self, spec.eps_attr) if spec.eps_attr else spec.eps
+    return layer_norm(x, weight, bias, eps)
+
+
+def _output_dropout(self, y, dropout):
+    if dropout is None:
+        return y
+    return F.dropout(y, p=getattr(self, dropout), training=self.training)
+
+
+def mlp_forward(self, x, *, gate, dropout=None):
     # The projections' outputs are read by nothing but the gate, so its backward may write
     # the gradients over them.
-    return self.down_proj(_gate(gate, self.gate_proj(x), self.up_proj(x), True))
+    y = self.down_proj(_gate(gate, self.gate_proj(x), self.up_proj(x), True))
+    return _output_dropout(self, y, dropout)
 
 
-def tiled_mlp_forward(self, x, *, gate, num_shards):
-    return tiled_gated_mlp(x, self.gate_proj.weight, self.up_proj.weight,
-                           self.down_proj.weight, self.gate_proj.bias, self.up_proj.bias,
-                           self.down_proj.bias, gate, num_shards)
+def tiled_mlp_forward(self, x, *, gate, num_shards, dropout=None):
+    y = tiled_gated_mlp(x, self.gate_proj.weight, self.up_proj.weight,
+                        self.down_proj.weight, self.gate_proj.bias, self.up_proj.bias,
+                        self.down_proj.bias, gate, num_shards)
+    return _output_dropout(self, y, dropout)
 
 
 def fused_mlp_forward(self, x, *, gate):
@@ -100,12 +120,46 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     return out
 
 
+def _interleaved_rope(q, k, cos, sin, unsqueeze_dim, half_cos):
+    if half_cos:
+        # cos / sin's first half, one value per rotating pair; the rotated width is theirs.
+        rotary_dim = cos.shape[-1]
+        cos = cos[..., :rotary_dim // 2].contiguous()
+        sin = sin[..., :rotary_dim // 2].contiguous()
+    else:
+        rotary_dim = None
+    if unsqueeze_dim == 1:
+        return rope(q, k, cos, sin, rotary_dim, True)
+    if unsqueeze_dim == 2:
+        q_out, k_out = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin, rotary_dim, True)
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    raise ValueError(f"fk.apply_rotary_pos_emb: unsqueeze_dim must be 1 or 2, got {unsqueeze_dim}")
+
+
+def apply_rotary_pos_emb_interleaved(q, k, cos, sin, unsqueeze_dim=1):
+    """Cohere's ``apply_rotary_pos_emb``: pairs ``(x[2i], x[2i+1])`` rotate, cos / sin hold
+    each pair's value twice (``repeat_interleave``); float32 math, rounded once."""
+    return _interleaved_rope(q, k, cos, sin, unsqueeze_dim, False)
+
+
+def apply_rotary_pos_emb_glm(q, k, cos, sin, unsqueeze_dim=1):
+    """GLM's (and ERNIE 4.5's) ``apply_rotary_pos_emb``: pair ``i`` is ``(x[2i], x[2i+1])``
+    and turns by angle ``i`` of the first half of cos / sin (Llama-layout tables); the first
+    ``cos.shape[-1]`` dims of each head rotate, the rest pass through."""
+    return _interleaved_rope(q, k, cos, sin, unsqueeze_dim, True)
+
+
+ROPES = {"half": apply_rotary_pos_emb, "interleaved": apply_rotary_pos_emb_interleaved,
+         "glm": apply_rotary_pos_emb_glm}
+
+
 @functools.lru_cache(maxsize=None)
-def rope_forward(cls):
-    """``cls.forward`` with the name ``apply_rotary_pos_emb`` resolving to fk's: the same code
-    object, run against a copy of its module's globals. The class is left untouched."""
+def rope_forward(cls, style="half"):
+    """``cls.forward`` with the name ``apply_rotary_pos_emb`` resolving to fk's (of the
+    model's ``style``: see ``ROPES``): the same code object, run against a copy of its
+    module's globals. The class is left untouched."""
     f = cls.forward
-    scope = dict(f.__globals__, apply_rotary_pos_emb=apply_rotary_pos_emb)
+    scope = dict(f.__globals__, apply_rotary_pos_emb=ROPES[style])
     g = types.FunctionType(f.__code__, scope, f.__name__, f.__defaults__, f.__closure__)
     g.__kwdefaults__ = f.__kwdefaults__
     g.__qualname__, g.__doc__, g.__module__ = f.__qualname__, f.__doc__, f.__module__
@@ -142,12 +196,17 @@ def causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_i
 
 
 def linear_causal_lm_loss(hidden, lm_head, labels, *, scale=None, softcap=None,
-                          num_items_in_batch=None, ignore_index=-100, shift_labels=None):
+                          num_items_in_batch=None, ignore_index=-100, shift_labels=None,
+                          multiplier=None):
     """The same loss from the hidden states, through fk's fused linear cross entropy: the
-    ``(tokens, vocab)`` logits are never built."""
+    ``(tokens, vocab)`` logits are never built. Logits divided by ``scale`` (Granite) or
+    multiplied by ``multiplier`` (Cohere): the hidden states are, before the head (the head
+    being linear with no bias in those models, the logits are the same)."""
     x = hidden.reshape(-1, hidden.shape[-1])
     if scale is not None:
         x = x / scale
+    if multiplier is not None:
+        x = x * multiplier
     weight, bias = lm_head.weight, lm_head.bias
     device = x.device.type
     if torch.is_autocast_enabled(device):  # the head's matmul would have run in this dtype
@@ -202,6 +261,7 @@ def _training_forward(self, input_ids=None, attention_mask=None, position_ids=No
         hidden[:, keep, :], self.lm_head, labels,
         scale=config.logits_scaling if spec.logits_scaling else None,
         softcap=config.final_logit_softcapping if spec.softcap else None,
+        multiplier=self.logit_scale if spec.logit_scale else None,
         num_items_in_batch=kwargs.get("num_items_in_batch"),
         ignore_index=kwargs.get("ignore_index", -100), shift_labels=kwargs.get("shift_labels"))
     common = dict(loss=loss, logits=None, past_key_values=outputs.past_key_values,

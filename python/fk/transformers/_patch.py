@@ -60,6 +60,7 @@ def apply(model, flags):
 
     norms, mlps, fused_mlps, experts, attentions = map(
         classes, (spec.rms_norms, spec.mlps, spec.fused_mlps, spec.experts, spec.attentions))
+    layer_norms = classes(spec.layer_norms)
     causal_lm = getattr(modeling, spec.causal_lm) if spec.causal_lm else None
 
     revert(model)  # patching twice gives the same model as patching once
@@ -72,7 +73,8 @@ def apply(model, flags):
             gate = fw.gate_for(m.act_fn, True, True)
             if gate is not None:
                 _set(m, "tiled_mlp", forward=_bind(m, fw.tiled_mlp_forward, gate=gate,
-                                                   num_shards=flags.get("num_shards")))
+                                                   num_shards=flags.get("num_shards"),
+                                                   dropout=spec.mlp_dropout))
         elif t in mlps or t in fused_mlps or t in experts:
             act = m.activation_fn if t in fused_mlps else m.act_fn
             gate = fw.gate_for(act, flags["swiglu"], flags["geglu"])
@@ -80,15 +82,23 @@ def apply(model, flags):
                 continue
             kind = "swiglu" if gate == "swiglu" else "geglu"
             if t in mlps:
-                _set(m, kind, forward=_bind(m, fw.mlp_forward, gate=gate))
+                _set(m, kind, forward=_bind(m, fw.mlp_forward, gate=gate,
+                                            dropout=spec.mlp_dropout))
             elif t in fused_mlps:
                 _set(m, kind, forward=_bind(m, fw.fused_mlp_forward, gate=gate))
             else:
                 _set(m, kind, _apply_gate=_bind(m, fw.experts_apply_gate, gate=gate),
                      forward=_bind(m, fw.experts_forward))
+        elif t in layer_norms:
+            # fk.layer_norm's weight spans the last dim only (Cohere's q / k norms have one
+            # per head: those stay Hugging Face's).
+            weight = getattr(m, "weight", None)
+            if flags["layer_norm"] and (weight is None or weight.dim() == 1):
+                _set(m, "layer_norm",
+                     forward=_bind(m, fw.model_layer_norm_forward, spec=spec.layer_norm))
         elif t in attentions:
             if flags["rope"]:
-                _set(m, "rope", forward=_bind(m, fw.rope_forward(t)))
+                _set(m, "rope", forward=_bind(m, fw.rope_forward(t, spec.rope_style)))
         elif t is causal_lm:
             if flags["fused_linear_cross_entropy"]:
                 _set(m, "fused_linear_cross_entropy",

@@ -24,6 +24,20 @@ OLMO2_NORM = NormSpec(offset=0.0, casting_mode="gemma", eps_attr="variance_epsil
 
 
 @dataclass(frozen=True)
+class LayerNormSpec:
+    """A model's own LayerNorm class (mean-centred, float32 inside, rounded once at the end,
+    as ``fk.layer_norm``): where its epsilon is, or its fixed value."""
+    eps_attr: Optional[str] = None
+    eps: float = 1e-5
+
+
+# Cohere: a weight and no bias; the weight is applied in float32 before the one rounding.
+COHERE_LAYER_NORM = LayerNormSpec(eps_attr="variance_epsilon")
+# OLMo: no weight and no bias, epsilon fixed at 1e-5.
+OLMO_LAYER_NORM = LayerNormSpec(eps=1e-5)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     module: str                       # the modeling module, under transformers.models
     norm: NormSpec
@@ -36,10 +50,19 @@ class ModelSpec:
     moe: bool = False                 # router aux loss (output_router_logits)
     logits_scaling: bool = False      # logits divided by config.logits_scaling (Granite)
     softcap: bool = False             # config.final_logit_softcapping (Gemma 2 / 3)
+    logit_scale: bool = False         # logits multiplied by the head's logit_scale (Cohere)
+    # The model's apply_rotary_pos_emb: "half" (Llama's rotate_half), "interleaved" (pairs
+    # (2i, 2i+1), cos / sin already repeated per pair: Cohere), "glm" (pairs (2i, 2i+1) with
+    # the first half of cos / sin repeated per pair, partial rotary: GLM, ERNIE 4.5).
+    rope_style: str = "half"
+    layer_norms: Tuple[str, ...] = ()  # the model's own LayerNorm classes (torch's: generic)
+    layer_norm: Optional[LayerNormSpec] = None
+    mlp_dropout: Optional[str] = None  # the MLP's attribute: dropout p on its output (Seed-OSS)
 
 
 def _dense(prefix, module, norm=LLAMA_NORM, **kw):
-    return ModelSpec(module=module, norm=norm, rms_norms=(f"{prefix}RMSNorm",),
+    return ModelSpec(module=module, norm=norm,
+                     rms_norms=kw.pop("rms_norms", (f"{prefix}RMSNorm",)),
                      mlps=kw.pop("mlps", (f"{prefix}MLP",)), attentions=(f"{prefix}Attention",),
                      causal_lm=f"{prefix}ForCausalLM", **kw)
 
@@ -57,4 +80,32 @@ MODELS = {
     "phi3": _dense("Phi3", "phi3", mlps=(), fused_mlps=("Phi3MLP",)),
     "olmo2": _dense("Olmo2", "olmo2", norm=OLMO2_NORM),
     "granite": _dense("Granite", "granite", logits_scaling=True),
+    # GLM / GLM-4: Phi-3's stacked gate_up_proj MLP; interleaved partial rotary.
+    "glm": _dense("Glm", "glm", mlps=(), fused_mlps=("GlmMLP",), rope_style="glm"),
+    "glm4": _dense("Glm4", "glm4", mlps=(), fused_mlps=("Glm4MLP",), rope_style="glm"),
+    # OLMo: a LayerNorm with no weight and no bias (fk.layer_norm with both None).
+    "olmo": _dense("Olmo", "olmo", rms_norms=(), layer_norms=("OlmoLayerNorm",),
+                   layer_norm=OLMO_LAYER_NORM),
+    "olmo3": _dense("Olmo3", "olmo3", norm=OLMO2_NORM),
+    "smollm3": _dense("SmolLM3", "smollm3"),
+    # Phi: torch LayerNorms (the generic layer_norm kind); its fc1 / gelu / fc2 MLP has no gate
+    # and stays Hugging Face's.
+    "phi": _dense("Phi", "phi", rms_norms=(), mlps=()),
+    # StarCoder 2: torch LayerNorms; its c_fc / gelu / c_proj MLP has no gate and stays.
+    "starcoder2": _dense("Starcoder2", "starcoder2", rms_norms=(), mlps=()),
+    # Cohere / Cohere 2: a bias-free LayerNorm, interleaved rotary, logits times logit_scale.
+    # Cohere's optional q / k norms have a (heads, head_dim) weight: fk.layer_norm takes a
+    # weight over the last dim only, so they stay Hugging Face's.
+    "cohere": _dense("Cohere", "cohere", rms_norms=(), layer_norms=("CohereLayerNorm",),
+                     layer_norm=COHERE_LAYER_NORM, rope_style="interleaved",
+                     logit_scale=True),
+    "cohere2": _dense("Cohere2", "cohere2", rms_norms=(), layer_norms=("Cohere2LayerNorm",),
+                      layer_norm=COHERE_LAYER_NORM, rope_style="interleaved",
+                      logit_scale=True),
+    "exaone4": _dense("Exaone4", "exaone4"),
+    # ERNIE 4.5: GLM's interleaved rotary over the whole head, in float32.
+    "ernie4_5": _dense("Ernie4_5", "ernie4_5", rope_style="glm"),
+    "hunyuan_v1_dense": _dense("HunYuanDenseV1", "hunyuan_v1_dense"),
+    # Seed-OSS: its MLP ends with a dropout of p = residual_dropout (kept, in training).
+    "seed_oss": _dense("SeedOss", "seed_oss", mlp_dropout="residual_dropout"),
 }
