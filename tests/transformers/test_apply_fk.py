@@ -415,3 +415,273 @@ def test_torch_compile_of_a_patched_model():
     torch.testing.assert_close(out.loss, want.loss)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+# --- vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) -----------------
+
+VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+IMAGE_TOKEN, VIDEO_TOKEN, VISION_START, VISION_END = 90, 91, 92, 93
+
+# Per model type: the classes apply_fk replaces (RMSNorms, gated SiLU MLPs, attentions); the
+# vision towers' torch LayerNorms are replaced too (the layer_norm kind).
+_VL_CLASSES = {
+    "qwen2_vl": ("Qwen2VLRMSNorm", ("Qwen2MLP",), "Qwen2VLAttention"),
+    "qwen2_5_vl": ("Qwen2_5_VLRMSNorm", ("Qwen2MLP", "Qwen2_5_VLMLP"), "Qwen2_5_VLAttention"),
+    "qwen3_vl": ("Qwen3VLTextRMSNorm", ("Qwen3VLTextMLP",), "Qwen3VLTextAttention"),
+    "qwen3_vl_moe": ("Qwen3VLMoeTextRMSNorm", ("Qwen3VLMoeTextMLP",), "Qwen3VLMoeTextAttention"),
+}
+# Left to Hugging Face: the vision attention (its rotary embedding upcasts q and k to float32
+# around the rotation), the vision towers' non-gated MLPs, the MoE experts.
+_VL_UNPATCHED = {
+    "qwen2_vl": ("VisionAttention", "VisionMlp"),
+    "qwen2_5_vl": ("Qwen2_5_VLVisionAttention",),
+    "qwen3_vl": ("Qwen3VLVisionAttention", "Qwen3VLVisionMLP"),
+    "qwen3_vl_moe": ("Qwen3VLMoeVisionAttention", "Qwen3VLMoeVisionMLP",
+                     "Qwen3VLMoeTextExperts"),
+}
+
+
+def tiny_vl_model(model_type, seed=0):
+    """A randomly initialised ``...ForConditionalGeneration`` of ``model_type``: the language
+    model as tiny_hf_model's (2 layers, hidden 64, 4 heads of 16, 2 kv heads, vocab 96) with
+    multimodal RoPE sections (2, 3, 3) of the 8 frequencies, a one-block vision tower (patch 2,
+    temporal patch 2, merge 2), eager attention."""
+    from transformers import AutoModelForImageTextToText, CONFIG_MAPPING
+    text = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                              "mrope_section": [2, 3, 3]},
+                bos_token_id=None, eos_token_id=None)
+    if model_type == "qwen3_vl_moe":  # one MoE layer, one dense MLP layer
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                    mlp_only_layers=[1], router_aux_loss_coef=0.02)
+    vision = dict(depth=1, hidden_size=32, embed_dim=32, num_heads=2, intermediate_size=48,
+                  out_hidden_size=64, patch_size=2, spatial_merge_size=2,
+                  temporal_patch_size=2, in_channels=3, in_chans=3,
+                  num_position_embeddings=16, deepstack_visual_indexes=[0])
+    if model_type == "qwen2_vl":  # Qwen2-VL's vision hidden_size is its output width
+        vision["hidden_size"] = 64
+    config = CONFIG_MAPPING[model_type](
+        text_config=text, vision_config=vision, tie_word_embeddings=False, pad_token_id=0,
+        image_token_id=IMAGE_TOKEN, video_token_id=VIDEO_TOKEN,
+        vision_start_token_id=VISION_START, vision_end_token_id=VISION_END,
+        bos_token_id=None, eos_token_id=None)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # norm weights start at 1: perturb them (as tiny_hf_model does)
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def _vl_inputs(image, device="cpu", batch=2, seq=12, seed=3):
+    """Text-only inputs, or each row with one 4 x 4-patch image (4 tokens after the merge)
+    after a vision-start token; labels ignore the prompt up to the image's end."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 80, (batch, seq), generator=g)
+    labels = ids.clone()
+    labels[0, :2] = -100
+    kw = {}
+    if image:
+        ids[:, 1], ids[:, 2:6], ids[:, 6] = VISION_START, IMAGE_TOKEN, VISION_END
+        labels = ids.clone()
+        labels[:, :7] = -100
+        kw = dict(pixel_values=torch.randn(batch * 16, 3 * 2 * 2 * 2, generator=g).to(device),
+                  image_grid_thw=torch.tensor([[1, 4, 4]] * batch, device=device),
+                  mm_token_type_ids=(ids == IMAGE_TOKEN).int().to(device))
+    return dict(input_ids=ids.to(device), labels=labels.to(device), **kw)
+
+
+def _vl_pair(model_type):
+    ref = tiny_vl_model(model_type)
+    model = copy.deepcopy(ref)
+    ft.apply_fk(model)
+    return model, ref
+
+
+def _count(model, names):
+    return sum(type(m).__name__ in names for m in model.modules())
+
+
+def test_vl_model_types_are_supported():
+    assert set(VL_MODEL_TYPES) <= set(ft.SUPPORTED_MODEL_TYPES)
+
+
+@pytest.mark.parametrize("model_type", VL_MODEL_TYPES)
+def test_vl_patches_every_module_and_kernels_run(model_type):
+    model = tiny_vl_model(model_type)
+    ft.apply_fk(model)
+    norm, mlps, attention = _VL_CLASSES[model_type]
+    expected = {"rms_norm": _count(model, (norm,)), "rope": _count(model, (attention,)),
+                "swiglu": _count(model, mlps), "fused_linear_cross_entropy": 1,
+                "cross_entropy": 1}
+    layer_norms = _count(model, ("LayerNorm",))
+    if layer_norms:
+        expected["layer_norm"] = layer_norms
+    assert ft.patched(model) == expected
+    assert expected["rope"] == 2 and expected["rms_norm"] >= 5
+    unpatched = _VL_UNPATCHED[model_type]
+    assert _count(model, unpatched) >= len(unpatched)
+    for m in model.modules():
+        if type(m).__name__ in unpatched:
+            assert not m.__dict__.keys() & {"forward", "_fk_saved"}, type(m).__name__
+    language = model.model.language_model
+    text_norms = _count(language, (norm,))
+    model.train()
+    with FkOps() as ops:  # text only: the vision tower does not run
+        model(**_vl_inputs(image=False)).loss.backward()
+    assert ops.count["_rms_norm_forward"] == text_norms
+    assert ops.count["_rms_norm_backward"] == text_norms
+    assert ops.count["rope"] == 2
+    assert ops.count["swiglu"] >= 1
+    assert ops.count["_fused_linear_cross_entropy_forward"] == 1
+    assert ops.count["layer_norm"] + ops.count["_layer_norm_forward"] == 0
+    with FkOps() as ops:  # with an image: the vision tower's patched modules run too
+        model(**_vl_inputs(image=True)).loss.backward()
+    if model_type == "qwen2_5_vl":  # its vision norms and gated MLP are the patched classes
+        assert ops.count["_rms_norm_forward"] == expected["rms_norm"]
+        assert ops.count["swiglu"] == expected["swiglu"]
+    else:
+        assert ops.count["_rms_norm_forward"] == text_norms
+        assert ops.count["layer_norm"] + ops.count["_layer_norm_forward"] == layer_norms
+
+
+@pytest.mark.parametrize("image", [False, True], ids=["text", "image"])
+@pytest.mark.parametrize("model_type", VL_MODEL_TYPES)
+def test_vl_training_loss_and_gradients_match(model_type, image):
+    """float32 on the CPU: the patched model's loss and every parameter's gradient against
+    Hugging Face's, with the multimodal RoPE positions of an image when one is given."""
+    model, ref = _vl_pair(model_type)
+    model.train(), ref.train()
+    kw = _vl_inputs(image)
+    out, want = model(**kw), ref(**kw)
+    assert out.logits is None and want.logits is not None
+    assert type(out) is type(want)
+    if image:  # the image's positions are compressed: multimodal RoPE is exercised
+        assert (want.rope_deltas != 0).all()
+        assert torch.equal(out.rope_deltas, want.rope_deltas)
+    else:
+        assert out.rope_deltas is None and want.rope_deltas is None
+    torch.testing.assert_close(out.loss, want.loss)
+    out.loss.backward(), want.loss.backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        if q.grad is None:
+            assert p.grad is None, name
+            continue
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-4, msg=name)
+    tup = model(**kw, return_dict=False)
+    assert isinstance(tup, tuple)
+    torch.testing.assert_close(tup[0], want.loss)
+
+
+@pytest.mark.parametrize("model_type", VL_MODEL_TYPES)
+def test_vl_revert_restores_the_model_exactly(model_type):
+    model = tiny_vl_model(model_type)
+    pristine = copy.deepcopy(model)
+    before = _module_state(model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    ft.apply_fk(model)
+    assert _module_state(model) != before
+    ft.revert_fk(model)
+    after = _module_state(model)
+    assert after.keys() == before.keys()
+    for name in before:
+        assert after[name].keys() == before[name].keys(), name
+        assert all(after[name][k] is before[name][k] for k in before[name]), name
+    assert ft.patched(model) == {}
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state[k]), k
+    kw = _vl_inputs(image=True)
+    model.train(), pristine.train()
+    out, ref = model(**kw), pristine(**kw)
+    assert torch.equal(out.loss, ref.loss) and torch.equal(out.logits, ref.logits)
+
+
+@pytest.mark.parametrize("model_type", VL_MODEL_TYPES)
+def test_vl_eval_returns_logits_and_loss_through_fk_cross_entropy(model_type):
+    model, ref = _vl_pair(model_type)
+    model.eval(), ref.eval()
+    kw = _vl_inputs(image=True)
+    with torch.no_grad(), FkOps() as ops:
+        out = model(**kw)
+    with torch.no_grad():
+        want = ref(**kw)
+    assert ops.count["_cross_entropy_forward"] == 1
+    torch.testing.assert_close(out.logits, want.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss, want.loss)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_vl", "qwen3_vl"])
+def test_vl_num_items_in_batch_and_logits_to_keep(model_type):
+    model, ref = _vl_pair(model_type)
+    model.train(), ref.train()
+    kw = _vl_inputs(image=True)
+    n = torch.tensor(7)
+    out, want = model(**kw, num_items_in_batch=n), ref(**kw, num_items_in_batch=n)
+    torch.testing.assert_close(out.loss, want.loss)
+    out.loss.backward(), want.loss.backward()
+    torch.testing.assert_close(model.lm_head.weight.grad, ref.lm_head.weight.grad,
+                               atol=1e-6, rtol=1e-5)
+    kw["labels"] = kw["labels"][:, -5:]
+    out, want = model(**kw, logits_to_keep=5), ref(**kw, logits_to_keep=5)
+    torch.testing.assert_close(out.loss, want.loss)
+
+
+def test_vl_moe_router_aux_loss_only_when_asked():
+    """Qwen3-VL-MoE adds the router loss only when output_router_logits is passed."""
+    model, ref = _vl_pair("qwen3_vl_moe")
+    model.train(), ref.train()
+    kw = _vl_inputs(image=True)
+    out = model(**kw, output_router_logits=True)
+    want = ref(**kw, output_router_logits=True)
+    assert out.aux_loss is not None and out.router_logits is not None
+    torch.testing.assert_close(out.aux_loss, want.aux_loss)
+    torch.testing.assert_close(out.loss, want.loss)
+    out.loss.backward(), want.loss.backward()
+    torch.testing.assert_close(model.model.language_model.layers[0].mlp.gate.weight.grad,
+                               ref.model.language_model.layers[0].mlp.gate.weight.grad,
+                               atol=1e-6, rtol=1e-4)
+    plain, plain_want = model(**kw), ref(**kw)
+    assert plain.aux_loss is None and plain_want.aux_loss is None
+    torch.testing.assert_close(plain.loss, plain_want.loss)
+    torch.testing.assert_close(out.loss - plain.loss,
+                               model.config.text_config.router_aux_loss_coef * out.aux_loss)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("image", [False, True], ids=["text", "image"])
+@pytest.mark.parametrize("model_type", VL_MODEL_TYPES)
+def test_vl_generate_matches_unpatched(model_type, image, device):
+    model, ref = _vl_pair(model_type)
+    model.to(device), ref.to(device)
+    kw = _vl_inputs(image, device, seq=8)
+    kw.pop("labels")
+    ids = kw.pop("input_ids")
+    gen = dict(attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+               pad_token_id=0, **kw)
+    with FkOps() as ops:
+        got = model.generate(ids, **gen)
+    assert ops.count["rope"] > 0
+    assert torch.equal(got, ref.generate(ids, **gen))
+
+
+@pytest.mark.parametrize("model_type", VL_MODEL_TYPES)
+def test_vl_tiled_mlp(model_type):
+    """tiled_mlp=True: the gated MLPs (Qwen2.5-VL's vision MLP too, on (tokens, hidden)
+    inputs) run tiled, with the same loss and gradients."""
+    ref = tiny_vl_model(model_type)
+    model = copy.deepcopy(ref)
+    ft.apply_fk(model, tiled_mlp=True)
+    kinds = ft.patched(model)
+    assert "swiglu" not in kinds
+    assert kinds["tiled_mlp"] == _count(model, _VL_CLASSES[model_type][1])
+    model.train(), ref.train()
+    kw = _vl_inputs(image=True)
+    out, want = model(**kw), ref(**kw)
+    torch.testing.assert_close(out.loss, want.loss)
+    out.loss.backward(), want.loss.backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-4, msg=name)

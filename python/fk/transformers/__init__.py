@@ -37,6 +37,14 @@ What is replaced, per module kind (each switched by the keyword of the same name
   activations for the backward, which recomputes them shard by shard. It takes the place
   of ``swiglu`` / ``geglu`` on those modules. For very long sequences.
 
+Vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE; their
+``...ForConditionalGeneration``): the language model as above (its multimodal RoPE cos/sin
+are combined by the model's rotary-embedding module, so ``rope`` is the plain rotate-half
+rotation; Qwen3-VL-MoE's experts are left as they are), the loss through the model's forward
+with images or video as inputs, and in the vision tower the modules that are exactly fk's:
+torch LayerNorms (Qwen2-VL, Qwen3-VL) and Qwen2.5-VL's RMSNorms and gated SiLU MLP. The vision
+attention and the non-gated vision MLPs keep Hugging Face's code.
+
 Only instance attributes change; classes, parameters and buffers are untouched, so other
 instances of the same classes keep Hugging Face's code and the state dict is unchanged.
 Mixed dtypes (float32 weights under autocast): the norms cast their weight to the input's
@@ -56,7 +64,8 @@ def apply_fk(model, rms_norm: bool = True, rope: bool = True, swiglu: bool = Tru
              fused_linear_cross_entropy: bool = True, layer_norm: bool = True,
              tiled_mlp: bool = False, num_shards: Optional[int] = None):
     """Patch ``model`` (a Hugging Face ``PreTrainedModel`` instance: a ``...ForCausalLM`` or
-    its base model) to run fk's kernels. Returns ``model``.
+    its base model; for the vision-language types, the ``...ForConditionalGeneration``) to
+    run fk's kernels. Returns ``model``.
 
     Raises ``ValueError`` naming the supported model types when ``model.config.model_type``
     is not one of :data:`SUPPORTED_MODEL_TYPES`. Calling it again re-patches with the new

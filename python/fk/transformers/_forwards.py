@@ -223,9 +223,11 @@ def linear_causal_lm_loss(hidden, lm_head, labels, *, scale=None, softcap=None,
 
 
 def causal_lm_forward(self, *args, spec, modeling, **kwargs):
-    """``...ForCausalLM.forward``: in training with labels, the loss comes from the hidden
-    states through ``linear_causal_lm_loss`` and ``logits`` is None; otherwise the model's own
-    forward runs (logits as before; its loss through ``self.loss_function``)."""
+    """``...ForCausalLM.forward`` (or a vision-language ``...ForConditionalGeneration``'s,
+    whose image and video inputs pass through to the base model): in training with labels,
+    the loss comes from the hidden states through ``linear_causal_lm_loss`` and ``logits`` is
+    None; otherwise the model's own forward runs (logits as before; its loss through
+    ``self.loss_function``)."""
     original = type(self).forward
     if args:  # positional arguments, named as the original names them
         names = list(_parameters(original))[1:]
@@ -247,14 +249,21 @@ def _training_forward(self, input_ids=None, attention_mask=None, position_ids=No
     from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
     config = self.config
     extra = {}
-    if spec.moe:
-        if output_router_logits is None:
-            output_router_logits = config.output_router_logits
-        extra["output_router_logits"] = output_router_logits
+    if spec.output is not None:  # a vision-language model: HF passes these only when given
+        if use_cache is not None:
+            extra["use_cache"] = use_cache
+        if spec.moe and output_router_logits is not None:
+            extra["output_router_logits"] = output_router_logits
+        output_router_logits = bool(output_router_logits)
+    else:
+        extra["use_cache"] = use_cache
+        if spec.moe:
+            if output_router_logits is None:
+                output_router_logits = config.output_router_logits
+            extra["output_router_logits"] = output_router_logits
     outputs = getattr(self, self.base_model_prefix)(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-        past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-        **extra, **kwargs)
+        past_key_values=past_key_values, inputs_embeds=inputs_embeds, **extra, **kwargs)
     hidden = outputs.last_hidden_state
     keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
     loss = linear_causal_lm_loss(
@@ -269,12 +278,21 @@ def _training_forward(self, input_ids=None, attention_mask=None, position_ids=No
     if spec.moe:
         aux_loss = None
         if output_router_logits:
+            if spec.output is not None:
+                text = config.text_config
+                num_experts, top_k, coef = (text.num_experts, text.num_experts_per_tok,
+                                            text.router_aux_loss_coef)
+            else:
+                num_experts, top_k, coef = (self.num_experts, self.num_experts_per_tok,
+                                            self.router_aux_loss_coef)
             aux_loss = modeling.load_balancing_loss_func(
-                outputs.router_logits, self.num_experts, self.num_experts_per_tok,
-                attention_mask)
-            loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
-        out = MoeCausalLMOutputWithPast(**dict(common, loss=loss), aux_loss=aux_loss,
-                                        router_logits=outputs.router_logits)
+                outputs.router_logits, num_experts, top_k, attention_mask)
+            loss = loss + coef * aux_loss.to(loss.device)
+        common.update(loss=loss, aux_loss=aux_loss, router_logits=outputs.router_logits)
+    if spec.output is not None:
+        out = getattr(modeling, spec.output)(**common, rope_deltas=outputs.rope_deltas)
+    elif spec.moe:
+        out = MoeCausalLMOutputWithPast(**common)
     else:
         out = CausalLMOutputWithPast(**common)
     if return_dict is None:

@@ -7,6 +7,7 @@ and the state dict stays the same.
 """
 import collections
 import importlib
+import inspect
 from types import MethodType
 
 import torch
@@ -101,9 +102,13 @@ def apply(model, flags):
                 _set(m, "rope", forward=_bind(m, fw.rope_forward(t, spec.rope_style)))
         elif t is causal_lm:
             if flags["fused_linear_cross_entropy"]:
-                _set(m, "fused_linear_cross_entropy",
-                     forward=_bind(m, fw.causal_lm_forward, spec=spec, modeling=modeling))
-            if flags["cross_entropy"] and getattr(m, "loss_type", None) in (None, "ForCausalLM"):
+                forward = _bind(m, fw.causal_lm_forward, spec=spec, modeling=modeling)
+                # generate() checks its keyword arguments (pixel_values, ...) against the
+                # forward's signature: show it the original one.
+                forward.__func__.__signature__ = inspect.signature(t.forward)
+                _set(m, "fused_linear_cross_entropy", forward=forward)
+            if flags["cross_entropy"] and getattr(m, "loss_type", None) in (
+                    None, "ForCausalLM", "ForConditionalGeneration"):
                 _set(m, "cross_entropy", _loss_function=fw.causal_lm_loss)
         elif t is torch.nn.LayerNorm:
             if flags["layer_norm"] and len(m.normalized_shape) == 1:

@@ -46,7 +46,7 @@ class ModelSpec:
     fused_mlps: Tuple[str, ...] = ()  # gate_up_proj / down_proj / activation_fn (Phi-3)
     experts: Tuple[str, ...] = ()     # MoE experts with a stacked gate_up_proj parameter
     attentions: Tuple[str, ...] = ()  # call the module-level apply_rotary_pos_emb
-    causal_lm: Optional[str] = None   # the ...ForCausalLM class
+    causal_lm: Optional[str] = None   # the ...ForCausalLM (...ForConditionalGeneration) class
     moe: bool = False                 # router aux loss (output_router_logits)
     logits_scaling: bool = False      # logits divided by config.logits_scaling (Granite)
     softcap: bool = False             # config.final_logit_softcapping (Gemma 2 / 3)
@@ -58,6 +58,11 @@ class ModelSpec:
     layer_norms: Tuple[str, ...] = ()  # the model's own LayerNorm classes (torch's: generic)
     layer_norm: Optional[LayerNormSpec] = None
     mlp_dropout: Optional[str] = None  # the MLP's attribute: dropout p on its output (Seed-OSS)
+    # Vision-language models (the causal_lm class is their ...ForConditionalGeneration): the
+    # language model's settings are in config.text_config, the output class (named here) also
+    # carries rope_deltas, and the MoE router loss is added only when output_router_logits is
+    # passed to the forward.
+    output: Optional[str] = None
 
 
 def _dense(prefix, module, norm=LLAMA_NORM, **kw):
@@ -109,3 +114,33 @@ MODELS = {
     # Seed-OSS: its MLP ends with a dropout of p = residual_dropout (kept, in training).
     "seed_oss": _dense("SeedOss", "seed_oss", mlp_dropout="residual_dropout"),
 }
+
+
+def _vision_language(prefix, module, mlps, attention=None, norm=None, moe=False):
+    """A Qwen-VL row: the language model's norms, MLPs and attention (the multimodal rotary
+    embedding module combines the t/h/w sections into one (batch, seq, head_dim) cos/sin,
+    which the attention applies through the plain rotate-half ``apply_rotary_pos_emb``)."""
+    return ModelSpec(module=module, norm=LLAMA_NORM, rms_norms=(norm or f"{prefix}RMSNorm",),
+                     mlps=mlps, attentions=(attention or f"{prefix}Attention",),
+                     causal_lm=f"{prefix}ForConditionalGeneration", moe=moe,
+                     output=f"{prefix}CausalLMOutputWithPast")
+
+
+MODELS.update({
+    # Qwen2-VL's vision tower has torch LayerNorms (the layer_norm kind) and a non-gated
+    # quick-GELU MLP (not patched).
+    "qwen2_vl": _vision_language("Qwen2VL", "qwen2_vl", mlps=("Qwen2MLP",)),
+    # Qwen2.5-VL's vision tower has the same Llama-style RMSNorm class as the language model
+    # and a gated MLP with biases (Qwen2_5_VLMLP, SiLU for the released models): both are
+    # patched as well.
+    "qwen2_5_vl": _vision_language("Qwen2_5_VL", "qwen2_5_vl",
+                                   mlps=("Qwen2MLP", "Qwen2_5_VLMLP")),
+    # Qwen3-VL: q/k norms; the vision tower has torch LayerNorms and a non-gated MLP.
+    "qwen3_vl": _vision_language("Qwen3VL", "qwen3_vl", mlps=("Qwen3VLTextMLP",),
+                                 attention="Qwen3VLTextAttention", norm="Qwen3VLTextRMSNorm"),
+    # The MoE experts (Qwen3VLMoeTextExperts) are left to Hugging Face; the dense MLPs of the
+    # mlp_only_layers are patched.
+    "qwen3_vl_moe": _vision_language("Qwen3VLMoe", "qwen3_vl_moe", mlps=("Qwen3VLMoeTextMLP",),
+                                     attention="Qwen3VLMoeTextAttention",
+                                     norm="Qwen3VLMoeTextRMSNorm", moe=True),
+})
