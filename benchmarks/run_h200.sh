@@ -14,11 +14,22 @@
 #          builds, COMPARE_PASSES times each, at COMPARE_TOKENS, with the timers of
 #          COMPARE_TIMERS (default: per call with events, then per kernel: GPU time); logs
 #          compare_<op>_<build>.log
-# Logs and CSVs go to $OUT (default ./gpu_out).
+# Logs and CSVs go to $OUT (default ./gpu_out). With PACK=1 they are packed at exit (also
+# when the run is stopped with SIGTERM, e.g. by `timeout`) into $OUT/gpu_out.tar.gz alone,
+# for callers that bring back only a few files.
 set -uo pipefail
 STEPS=${1:-tests,cold,bench}
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
+pack() {
+  [[ ${PACK:-0} == 1 ]] || return 0
+  local tmp
+  tmp=$(mktemp -d)
+  tar czf "$tmp/gpu_out.tar.gz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$tmp/gpu_out.tar.gz" "$OUT/"
+  rmdir "$tmp"
+}
+trap pack EXIT
+trap 'exit 143' TERM
 # fk goes into the machine's Python environment, as a user installs it; other wheels (.whl/)
 # and an sm_80-only build of fk (dist-sm80/, for the missing-arch error) into folders aside.
 python3 -m pip install -q --no-index --no-deps --no-compile --force-reinstall dist/fk-*.whl || exit 1
