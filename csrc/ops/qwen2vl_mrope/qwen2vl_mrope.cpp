@@ -2,26 +2,15 @@
 // Fake kernels and the autograd formula: python/fk/ops/qwen2vl_mrope.py.
 #include "ops/qwen2vl_mrope/qwen2vl_mrope.h"
 
+#include "ops/rope/rope.h"
+
 #include "runtime/checks.h"
 
 namespace fk::ops {
 
 void check_qwen2vl_mrope(const char* op, const Tensor& q, const Tensor& k, const Tensor& cos,
                          const Tensor& sin, const std::vector<int64_t>& mrope_section) {
-  FK_CHECK(q.dim() == 4 && k.dim() == 4, op,
-           ": q and k must have 4 dims (batch, heads, seq, head_dim), got shapes ", shape_of(q),
-           " and ", shape_of(k));
-  checks::check_pair(op, "q", q, "k", k);
-  FK_CHECK(q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.size(3) == k.size(3), op,
-           ": q and k must have the same batch, seq and head_dim sizes, got shapes ",
-           shape_of(q), " and ", shape_of(k));
-  checks::check_same_device(op, "cos", cos, "q", q);
-  checks::check_same_device(op, "sin", sin, "q", q);
-  checks::check_same_dtype(op, "cos", cos, "sin", sin);
-  checks::check_same_shape(op, "cos", cos, "sin", sin);
-  FK_CHECK(cos.scalar_type() == q.scalar_type() || cos.scalar_type() == kFloat, op,
-           ": cos and sin must be float32 or q's dtype (", q.scalar_type(), "), got ",
-           cos.scalar_type());
+  check_qk_and_tables(op, q, k, cos, sin);
   const int64_t d = q.size(3);
   FK_CHECK(d >= 2 && d % 2 == 0, op, ": head_dim must be even and at least 2, got ", d);
   FK_CHECK(cos.dim() == 4 && cos.size(0) == 3, op,

@@ -61,8 +61,8 @@ bool is_set_to(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-void check_rope(const char* op, const Tensor& q, const Tensor& k, const Tensor& cos,
-                const Tensor& sin, std::optional<int64_t> rotary_dim) {
+void check_qk_and_tables(const char* op, const Tensor& q, const Tensor& k, const Tensor& cos,
+                         const Tensor& sin) {
   FK_CHECK(q.dim() == 4 && k.dim() == 4, op,
            ": q and k must have 4 dims (batch, heads, seq, head_dim), got shapes ", shape_of(q),
            " and ", shape_of(k));
@@ -77,6 +77,11 @@ void check_rope(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
   FK_CHECK(cos.scalar_type() == q.scalar_type() || cos.scalar_type() == kFloat, op,
            ": cos and sin must be float32 or q's dtype (", q.scalar_type(), "), got ",
            cos.scalar_type());
+}
+
+void check_rope(const char* op, const Tensor& q, const Tensor& k, const Tensor& cos,
+                const Tensor& sin, std::optional<int64_t> rotary_dim) {
+  check_qk_and_tables(op, q, k, cos, sin);
   const int64_t cd = cos.dim();
   FK_CHECK((cd >= 2 && cd <= 4) && (cd != 4 || cos.size(1) == 1), op,
            ": cos and sin must have shape (seq, rotary_dim), (batch or 1, seq, rotary_dim) "

@@ -8,6 +8,12 @@
 
 namespace fk::ops {
 
+// What every rotary op checks first: q (B, Hq, S, D) and k (B, Hkv, S, D) of one dtype and
+// device with the same batch, seq and head_dim; cos and sin of one shape and dtype (float32
+// or q's) on q's device. `op` names the operator in the messages.
+void check_qk_and_tables(const char* op, const Tensor& q, const Tensor& k, const Tensor& cos,
+                         const Tensor& sin);
+
 // Shared by every backend: q (B, Hq, S, D), k (B, Hkv, S, D), cos / sin (S, W),
 // (1 or B, S, W) or (1 or B, 1, S, W) with W = rotary_dim or rotary_dim / 2. `op` names the
 // operator in the messages.

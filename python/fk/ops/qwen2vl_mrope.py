@@ -5,7 +5,7 @@ from typing import List, Tuple
 import torch
 
 from . import _autograd, _checks as c
-from .rope import rope_out_like
+from .rope import check_qk_and_tables, rope_out_like
 
 
 def qwen2vl_mrope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -76,20 +76,7 @@ def apply_multimodal_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch
 # --- checks and fake kernels (csrc/ops/qwen2vl_mrope/qwen2vl_mrope.cpp: the same messages) ---
 
 def check_qwen2vl_mrope(op, q, k, cos, sin, mrope_section):
-    c.check(q.dim() == 4 and k.dim() == 4, op,
-            ": q and k must have 4 dims (batch, heads, seq, head_dim), got shapes ",
-            c.shape_text(q), " and ", c.shape_text(k))
-    c.check_pair(op, "q", q, "k", k)
-    c.check(q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2] and q.shape[3] == k.shape[3],
-            op, ": q and k must have the same batch, seq and head_dim sizes, got shapes ",
-            c.shape_text(q), " and ", c.shape_text(k))
-    c.check_same_device(op, "cos", cos, "q", q)
-    c.check_same_device(op, "sin", sin, "q", q)
-    c.check_same_dtype(op, "cos", cos, "sin", sin)
-    c.check_same_shape(op, "cos", cos, "sin", sin)
-    c.check(cos.dtype == q.dtype or cos.dtype == torch.float32, op,
-            ": cos and sin must be float32 or q's dtype (", c.dtype_name(q.dtype), "), got ",
-            c.dtype_name(cos.dtype))
+    check_qk_and_tables(op, q, k, cos, sin)
     d = q.shape[3]
     c.check(d >= 2 and d % 2 == 0, op, ": head_dim must be even and at least 2, got ", d)
     c.check(cos.dim() == 4 and cos.shape[0] == 3, op,

@@ -87,7 +87,8 @@ def _strides_text(t):
     return "[" + ", ".join(str(s) for s in t.stride()) + "]"
 
 
-def check_rope(op, q, k, cos, sin, rotary_dim):
+def check_qk_and_tables(op, q, k, cos, sin):
+    """What every rotary op checks first (csrc/ops/rope/rope.cpp: the same messages)."""
     c.check(q.dim() == 4 and k.dim() == 4, op,
             ": q and k must have 4 dims (batch, heads, seq, head_dim), got shapes ",
             c.shape_text(q), " and ", c.shape_text(k))
@@ -102,6 +103,10 @@ def check_rope(op, q, k, cos, sin, rotary_dim):
     c.check(cos.dtype == q.dtype or cos.dtype == torch.float32, op,
             ": cos and sin must be float32 or q's dtype (", c.dtype_name(q.dtype), "), got ",
             c.dtype_name(cos.dtype))
+
+
+def check_rope(op, q, k, cos, sin, rotary_dim):
+    check_qk_and_tables(op, q, k, cos, sin)
     cd = cos.dim()
     c.check(2 <= cd <= 4 and (cd != 4 or cos.shape[1] == 1), op,
             ": cos and sin must have shape (seq, rotary_dim), (batch or 1, seq, rotary_dim) "
