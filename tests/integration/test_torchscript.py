@@ -79,14 +79,16 @@ def _fwd_bwd(module, *inputs):
 
 
 def _assert_same(eager, loaded, what):
-    """Float32 results equal up to summation order (BLAS results depend on memory alignment)."""
+    """Float32 results equal up to summation order (BLAS results depend on memory alignment;
+    a weight gradient sums rows of products up to about 10, so its absolute error scales
+    with those, not with the sum)."""
     (out_e, grads_e), (out_l, grads_l) = eager, loaded
     torch.testing.assert_close(out_l, out_e, rtol=1e-5, atol=1e-6,
                                msg=lambda m: f"{what}: output\n{m}")
     assert len(grads_e) == len(grads_l)
     for i, (ge, gl) in enumerate(zip(grads_e, grads_l)):
         assert gl is not None, f"{what}: gradient {i} is missing"
-        torch.testing.assert_close(gl, ge, rtol=1e-5, atol=1e-6,
+        torch.testing.assert_close(gl, ge, rtol=1e-5, atol=1e-5,
                                    msg=lambda m: f"{what}: gradient {i}\n{m}")
 
 

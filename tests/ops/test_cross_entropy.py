@@ -827,7 +827,9 @@ def test_cuda_bad_target_is_a_device_assert(op, reduction):
         out = r.stdout + r.stderr
         if expect_error:
             assert r.returncode != 0 and "NO ERROR" not in out, out
-            assert "device-side assert" in out, out
+            # the op's own assert message, printed by the device (what surfaces afterwards
+            # as the Python error depends on the next CUDA call: the fused op's is cuBLAS)
+            assert "a target is out of range" in out, out
         else:
             assert r.returncode == 0 and "NO ERROR" in out and "nan" not in out, out
 

@@ -76,17 +76,24 @@ def _ref_grads(xs, ws, xt, wt, labels, g_out=1.0, **kw):
     return loss, a.grad, b.grad
 
 
-def _ref_grads_rounded_logit_grad(xs, ws, xt, wt, labels, g_out=1.0, **kw):
+def _ref_grads_rounded_logit_grad(xs, ws, xt, wt, labels, g_out=1.0, chunk_rows=None, **kw):
     """Float64 gradients of the student's input and weight where the gradient of the loss
     with respect to the student's logits is rounded to xs's dtype before the products (the
-    precision a 16-bit gradient buffer holds)."""
+    precision a 16-bit gradient buffer holds), and the weight's gradient is summed over
+    chunks of `chunk_rows` rows in xs's dtype (each partial sum rounded: the op adds each
+    chunk's product into the 16-bit gradient, as Liger does)."""
     a, b = xs.detach().cpu().double(), ws.detach().cpu().double()
     s = (a @ b.t()).requires_grad_()
     t = xt.cpu().double() @ wt.cpu().double().t()
     labels = None if labels is None else labels.cpu()
     ref_jsd(s, t, labels, kw.get("beta", 0.5), -100, kw.get("temperature", 1.0)).backward()
     g = s.grad.to(xs.dtype).double()
-    return g_out * (g @ b), g_out * (g.t() @ a)
+    rows = chunk_rows or a.shape[0]
+    gw = None
+    for i in range(0, a.shape[0], rows):
+        part = g[i:i + rows].t() @ a[i:i + rows]
+        gw = (part if gw is None else gw + part).to(xs.dtype).double()
+    return g_out * (g @ b), g_out * gw
 
 
 # --- level 1: the Triton kernel under the interpreter -------------------------------------
@@ -435,15 +442,19 @@ def test_cuda_matches_reference(dtype, shape):
             # The logits' gradient (about q / (T N) an element) is rounded to float16 before
             # the products, into its subnormal range at these widths: the reference rounds
             # its float64 logits' gradient to float16 the same way before the two products.
+            # (chunk_size None: one chunk at these shapes, at least 1024 rows a chunk)
             gx, gw = _ref_grads_rounded_logit_grad(xs, ws, xt, wt, labels, 1.7, beta=beta,
-                                                   temperature=temperature)
+                                                   temperature=temperature,
+                                                   chunk_rows=chunk_size)
         assert loss.dtype == torch.float32
         # float32 logits (a float32 product of the operands on tensor cores: TF32 for
         # float32 inputs where torch allows it, not here by default)
         assert_close(loss, ref, torch.float32, factor=20, what="loss")
         loss.backward(torch.tensor(1.7, device="cuda"))
-        assert_close(a.grad, gx, dtype, factor=4, what="grad_student_input")
-        assert_close(b.grad, gw, dtype, factor=4, what="grad_student_weight")
+        # (float16: the products of subnormal logits' gradients land in the subnormal range)
+        rounding = 2 if dtype == torch.float16 else 0
+        assert_close(a.grad, gx, dtype, factor=4, what="grad_student_input", rounding=rounding)
+        assert_close(b.grad, gw, dtype, factor=4, what="grad_student_weight", rounding=rounding)
 
 
 @pytest.mark.cuda

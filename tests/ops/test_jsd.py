@@ -356,7 +356,12 @@ def test_cuda_matches_reference(dtype, v, beta):
         loss.backward(torch.tensor(2.5, device="cuda", dtype=dtype))
         assert loss.dtype == dtype
         assert_close(loss, ref_loss, dtype, factor=2, what=f"loss n={n}")
-        assert_close(xa.grad, ref_g, dtype, factor=4, what=f"grad n={n}")
+        # One column: log-probabilities 0, a gradient of exactly 0 that the float64 reference
+        # leaves at 1e-17: measured against the size of its terms (grad_output * q / rows).
+        # float16 at wide rows: gradients of q / rows lie in the subnormal range.
+        terms = 2.5 * x.float().exp().norm().item() / n if v == 1 else None
+        assert_close(xa.grad, ref_g, dtype, factor=4, what=f"grad n={n}", scale=terms,
+                     rounding=2 if dtype == torch.float16 else 0)
         if labels and n > 1:
             assert torch.equal(xa.grad[1], torch.zeros(v, dtype=dtype, device="cuda"))
         assert not torch.isnan(xa.grad).any()
@@ -470,7 +475,8 @@ def test_cuda_grad_output_scales_in_place_and_memory():
 def test_cuda_opcheck_compile():
     x, y, lab = _inputs(5, 33, device="cuda", ignore=(2,))
     torch.library.opcheck(torch.ops.fk.jsd, (x.clone().requires_grad_(), y, lab, 0.3, -100))
-    f = torch.compile(lambda x, y, lab: fk.jsd(x * 2, y, lab), fullgraph=True)
+    f = torch.compile(lambda x, y, lab: fk.jsd(x * 2, y, lab), fullgraph=True,
+                      backend="aot_eager")  # (Inductor's CUDA code generation needs Triton)
     xa = x.clone().requires_grad_()
     f(xa, y, lab).backward()
     _, ref_g = _ref_grad(x * 2, y, lab, 0.5)

@@ -449,7 +449,10 @@ def test_cuda_matches_reference(dtype, v, log_target):
         ref_g = _ref_grad(xc, tc, g_out.cpu(), reduction=reduction, log_target=log_target)
         if reduction != "none":  # scale * slope rounded to the dtype, then times g_out
             ref_g = round_nearest(ref_g / g_out.cpu().double(), dtype).double() * g_out.cpu()
-        assert_close(xa.grad, ref_g, dtype, factor=3, what="grad")
+        # (float16: target / rows, and / (rows * V) for "mean", lie in the subnormal range,
+        # rounded once in the forward and again times grad_output)
+        assert_close(xa.grad, ref_g, dtype, factor=3, what="grad",
+                     rounding=2 if dtype == torch.float16 else 0)
         with torch.no_grad():
             out = fk.kl_div(x, t, reduction, log_target)
             assert_close(out, loss.detach(), dtype if reduction == "none" else torch.float32)
