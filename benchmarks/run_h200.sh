@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The GPU-machine run: installs the prebuilt wheel from dist/ (and wheels from .whl/, e.g.
 # Liger Kernel) into a private folder, then runs the steps named in $1 (default: all):
-#   tests  GPU tests (marker cuda) with triton made unimportable
+#   tests  GPU tests (marker cuda) with triton made unimportable; TEST_OPS="rope softmax" picks
+#          some files of tests/ops, and NO_TRITON_PASS=0 leaves out the pass that checks that
+#          nothing imports triton (it reruns those tests)
 #   tune   launch-config sweeps with Triton's JIT (benchmarks/tune_<op>.py; TUNE_OPS picks some)
 #   cold   first-call latency in fresh processes (fk, torch.compile, Liger)
 #   bench  the op benchmarks at Llama-3-8B shapes, each twice (the spread is the noise);
 #          BENCH_OPS="rope softmax" (or "rope,softmax") picks some
+#   targets  the kernel issues' target shapes, fwd + bwd (TARGET_OPS="jsd tvd" picks some)
 #   hf     full training steps of a ~1B Llama (Llama-3.2-1B shape): eager HF, fk, Liger
 #          (benchmarks/benchmark_hf_training.py; HF_ARGS is passed on, e.g. "--batch 4")
 #   compare  this wheel against another build of fk (the wheel in $COMPARE_WHEEL_DIR, e.g.
@@ -47,7 +50,12 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 python3 -c "import torch, fk; print(torch.__version__, fk.build_info())" | tee -a "$OUT/gpu.txt"
 rc=0
 if [[ $STEPS == *tests* ]]; then
-  FK_BLOCK_TRITON=1 python3 -m pytest tests/ops -m cuda -q -p no:cacheprovider 2>&1 \
+  TOPS=tests/ops
+  if [[ -n ${TEST_OPS:-} ]]; then
+    TOPS=
+    for op in ${TEST_OPS//,/ }; do TOPS+=" tests/ops/test_$op.py"; done
+  fi
+  FK_BLOCK_TRITON=1 python3 -m pytest $TOPS -m cuda -q -p no:cacheprovider 2>&1 \
     | tee "$OUT/tests.log" | tail -25
   rc=${PIPESTATUS[0]}
   # Integration (TorchScript, the C++ program on this GPU, wheel, missing-arch error).
@@ -60,10 +68,12 @@ if [[ $STEPS == *tests* ]]; then
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   # torch.compile, opcheck and torch's dispatch modes (a TorchDispatchMode test) import triton
   # through torch itself when it is installed.
-  FK_CHECK_NO_TRITON=1 python3 -m pytest tests/ops -m cuda \
-    -k "not compile and not opcheck and not asks_only_for_needed_gradients" -q -x \
-    -p no:cacheprovider 2>&1 | tee "$OUT/tests_no_triton_import.log" | tail -3
-  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  if [[ ${NO_TRITON_PASS:-1} == 1 ]]; then
+    FK_CHECK_NO_TRITON=1 python3 -m pytest $TOPS -m cuda \
+      -k "not compile and not opcheck and not asks_only_for_needed_gradients" -q -x \
+      -p no:cacheprovider 2>&1 | tee "$OUT/tests_no_triton_import.log" | tail -3
+    [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  fi
 fi
 if [[ $STEPS == *tune* ]]; then
   # TUNE_OPS (spaces or commas) restricts the sweeps; default: every benchmarks/tune_<op>.py.
@@ -89,6 +99,31 @@ if [[ $STEPS == *bench* ]]; then
         --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench_$op.log"
     done
   done
+fi
+if [[ $STEPS == *targets* ]]; then
+  # The target shapes of the kernel issues (fwd + bwd, each provider once, one process per
+  # line); TARGET_OPS picks some (default: all of them).
+  tgt() {
+    local op=$1
+    shift
+    [[ -z ${TARGET_OPS:-} || " ${TARGET_OPS//,/ } " == *" $op "* ]] || return 0
+    echo "### benchmark_$op.py $*" | tee -a "$OUT/targets_$op.log"
+    python3 benchmarks/benchmark_$op.py --modes full --measure-ceiling --out "$OUT" "$@" 2>&1 \
+      | tee -a "$OUT/targets_$op.log"
+  }
+  for op in jsd kl_div tvd; do
+    tgt $op --dtype fp32 --tokens 4096
+    tgt $op --dtype bf16 --tokens 8192
+  done
+  tgt fused_linear_jsd --tokens 8192
+  tgt group_norm --tokens 32 --channels 512 --hw 4096 --groups 32
+  tgt dyt --tokens 8192
+  tgt poly_norm --tokens 8192
+  tgt sparsemax --tokens 8192 --width 4096,32768
+  tgt tiled_mlp --tokens 65536
+  tgt llama4_rope --tokens 8192
+  tgt qwen2vl_mrope --tokens 8192
+  tgt neighborhood_attention --seq-lens 8192,32768 --kernel-sizes 7,49
 fi
 if [[ $STEPS == *hf* ]]; then
   # Each provider in its own process; the CSV goes to $OUT, the targets' PASS/FAIL to the log.
