@@ -219,6 +219,7 @@ def run(ctx, op, make_inputs, providers, bytes_moved, shape=""):
     copy_bw, bw_src = args.copy_bw or H200_COPY_BW, "given" if args.copy_bw else "default, H200"
     if args.measure_ceiling:
         copy_bw, bw_src = measure_copy_bw(device), "measured"
+    ctx.copy_bw = copy_bw  # for bytes_moved of compute-bound ops (flops scaled to this ceiling)
     info = _versions(device)
 
     rows, broken = [], set()

@@ -53,7 +53,6 @@ def main():
     args = H.make_parser(__doc__.splitlines()[0]).parse_args()
     ctx = H.setup(args)
     h, v = ctx.model.hidden_size, ctx.model.vocab_size
-    copy_bw = args.copy_bw or H.H200_COPY_BW
 
     def make_inputs(tokens):
         kw = dict(device=ctx.device, dtype=ctx.dtype)
@@ -63,7 +62,7 @@ def main():
 
     def bytes_moved(tokens, mode):
         flops = 2 * tokens * h * v * (1 if mode == "forward" else 3)
-        return flops * copy_bw / H200_GEMM_FLOPS
+        return flops * ctx.copy_bw / H200_GEMM_FLOPS
 
     providers = {
         "torch": lambda: reference,

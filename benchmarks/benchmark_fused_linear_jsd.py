@@ -54,7 +54,6 @@ def main():
     args = H.make_parser(__doc__.splitlines()[0]).parse_args()
     ctx = H.setup(args)
     h, v = ctx.model.hidden_size, ctx.model.vocab_size
-    copy_bw = args.copy_bw or H.H200_COPY_BW
 
     def make_inputs(tokens):
         kw = dict(device=ctx.device, dtype=ctx.dtype)
@@ -68,7 +67,7 @@ def main():
 
     def bytes_moved(tokens, mode):
         flops = 2 * tokens * h * v * (2 if mode == "forward" else 4)
-        return flops * copy_bw / H200_GEMM_FLOPS
+        return flops * ctx.copy_bw / H200_GEMM_FLOPS
 
     providers = {
         "torch": lambda: reference,
