@@ -27,7 +27,8 @@ OPT_IN_KINDS = ("tiled_mlp",)
 def _set(module, kind, **attrs):
     d = module.__dict__
     saved = d.setdefault(_SAVED, {"kinds": [], "attrs": {}})
-    saved["kinds"].append(kind)
+    if kind is not None:  # None: a helper of another module's kind, not counted by patched
+        saved["kinds"].append(kind)
     for name, value in attrs.items():
         if name not in saved["attrs"]:
             saved["attrs"][name] = (name in d, d.get(name))
@@ -107,6 +108,11 @@ def apply(model, flags):
                 # forward's signature: show it the original one.
                 forward.__func__.__signature__ = inspect.signature(t.forward)
                 _set(m, "fused_linear_cross_entropy", forward=forward)
+                # The loss runs inside the head's call (hooks on the head, such as FSDP2's
+                # gathering its sharded weight, run around it): see fw.lm_head_forward.
+                head = getattr(m, "lm_head", None)
+                if isinstance(head, torch.nn.Linear):
+                    _set(head, None, forward=_bind(head, fw.lm_head_forward))
             if flags["cross_entropy"] and getattr(m, "loss_type", None) in (
                     None, "ForCausalLM", "ForConditionalGeneration"):
                 _set(m, "cross_entropy", _loss_function=fw.causal_lm_loss)
