@@ -138,9 +138,16 @@ def _worker(rank, world_size, device):
 
 
 @pytest.fixture(scope="module", params=distributed_params())
-def results(request):
+def run(request):
+    """(device type, the results of every scenario per rank)."""
     backend, device = request.param
-    return run_distributed(_worker, backend=backend, device=device)
+    return device, run_distributed(_worker, backend=backend, device=device)
+
+
+# Relative tolerance against the one-process CPU reference: float32 noise (summation orders
+# differ with the sharding); on GPUs the kernels' float32 summation orders differ from the
+# CPU's too.
+RTOL = {"cpu": 2e-4, "cuda": 2e-3}
 
 
 def _reference(tied=False, accumulate=False):
@@ -183,22 +190,23 @@ FP32 = [s for s, (_, o) in SCENARIOS.items() if not o.get("bf16")]
 
 
 @pytest.mark.parametrize("scenario", FP32)
-def test_matches_one_process_unpatched(results, scenario):
+def test_matches_one_process_unpatched(run, scenario):
     """Losses of every step and gradients of the first, in every rank, equal the unpatched
     model's in one process on the whole batch (float32 noise: summation orders differ)."""
     _, opts = SCENARIOS[scenario]
     ref = _ref(tied=opts.get("tied", False), accumulate=opts.get("accumulate", False))
+    device, results = run
     for rank, res in enumerate(results):
         ours = res[scenario]
         if opts.get("patch", True):
             assert ours["patched"]["fused_linear_cross_entropy"] == 1
-        _assert_matches(ours, ref, 2e-4, 1e-6, f"{scenario} (rank {rank})")
+        _assert_matches(ours, ref, RTOL[device], 1e-6, f"{scenario} (rank {rank})")
 
 
-def test_bf16_mixed_precision_follows_unpatched(results):
+def test_bf16_mixed_precision_follows_unpatched(run):
     """bf16 parameters and float32 gradient reduction (FSDP2's MixedPrecisionPolicy): fk
     and Hugging Face under the same wrapper agree to bf16 rounding."""
-    for res in results:
+    for res in run[1]:
         ours, hf = res["fsdp_bf16"], res["fsdp_bf16_unpatched"]
         torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(hf["losses"]),
                                    rtol=2e-2, atol=0.0)
