@@ -171,6 +171,22 @@ def _unsupported(mesh):
     return "no error"
 
 
+def _tensor_parallel_head(mesh, device):
+    """apply_fk's fused loss with a vocab-sharded (ColwiseParallel) head: a clear error."""
+    import fk.transformers
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+    from helpers import tiny_hf_model
+    model = tiny_hf_model("llama").to(device).train()
+    fk.transformers.apply_fk(model)
+    parallelize_module(model.lm_head, mesh, ColwiseParallel())
+    ids = torch.randint(0, 96, (2, 8), device=device)
+    try:
+        model(input_ids=ids, labels=ids)
+    except NotImplementedError as e:
+        return str(e)
+    return "no error"
+
+
 def _worker(rank, world_size, device):
     from torch.distributed.tensor import init_device_mesh
     import fk  # noqa: F401 - registers the ops and their sharding rules
@@ -178,6 +194,7 @@ def _worker(rank, world_size, device):
     res = {case: _cpu(_run_case(case, mesh)) for case in CASES}
     res["sequence_parallel"] = _sequence_parallel(mesh, device)
     res["unsupported"] = _unsupported(mesh)
+    res["tensor_parallel_head"] = _tensor_parallel_head(mesh, device)
     return res
 
 
@@ -305,3 +322,9 @@ def test_sequence_parallel_rms_norm_matches_torch(results, ours, theirs):
 def test_ops_without_a_rule_refuse_dtensors_clearly(results):
     msg = results[0]["unsupported"]
     assert "fk._fused_linear_cross_entropy_forward" in msg and "sharding strategy" in msg, msg
+
+
+def test_tensor_parallel_head_refuses_the_fused_loss_clearly(results):
+    msg = results[0]["tensor_parallel_head"]
+    assert "needs the full lm_head weight" in msg and "Shard(dim=0)" in msg, msg
+    assert "fused_linear_cross_entropy=False" in msg

@@ -254,7 +254,15 @@ def _head_loss(head, hidden, labels, **loss):
     """The loss through the head's call where the head carries ``lm_head_forward`` (set by
     apply_fk); a head put in its place afterwards is read directly."""
     if getattr(head.__dict__.get("forward"), "__func__", None) is lm_head_forward:
-        return head(hidden, labels, **loss)
+        # labels by keyword: forward pre-hooks without kwargs (tensor parallel's) may replace
+        # the positional arguments with the first one alone.
+        out = head(hidden, labels=labels, **loss)
+        if out.dim() != 0:  # never take logits for a loss
+            raise RuntimeError(
+                "fk.transformers: lm_head's call returned a tensor of shape "
+                f"{tuple(out.shape)} instead of the loss: a hook on lm_head dropped the labels "
+                "argument. Patch with apply_fk(model, fused_linear_cross_entropy=False) there.")
+        return out
     return linear_causal_lm_loss(hidden, head, labels, **loss)
 
 

@@ -1,9 +1,9 @@
 """The one mechanism: find the table's classes in a model and bind fk forwards to those
 instances, remembering what each instance held so that ``revert`` restores it exactly.
 
-Only instance attributes change (``forward``, ``_apply_gate``, ``_loss_function``); classes,
-parameters and buffers are never touched, so other models of the same class are unaffected
-and the state dict stays the same.
+Only instance attributes change (``forward``, ``_apply_gate``, ``_loss_function``; the head's
+``forward`` along with the fused loss); classes, parameters and buffers are never touched, so
+other models of the same class are unaffected and the state dict stays the same.
 """
 import collections
 import importlib
