@@ -48,6 +48,19 @@ def _bind(module, f, **kw):
     return MethodType(bound, module)
 
 
+def _model_class(m):
+    """The module's class as the model defines it. FSDP2's ``fully_shard`` gives a module it
+    shards a class of its own, ``FSDP<name>(FSDPModule, <name>)``: that is the class after
+    FSDP's in the MRO (so a model sharded before it is patched is patched the same)."""
+    t = type(m)
+    if not torch.distributed.is_available():
+        return t
+    from torch.distributed.fsdp import FSDPModule
+    if not isinstance(m, FSDPModule):
+        return t
+    return next(c for c in t.__mro__[1:] if not issubclass(c, FSDPModule))
+
+
 def apply(model, flags):
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
@@ -67,7 +80,7 @@ def apply(model, flags):
 
     revert(model)  # patching twice gives the same model as patching once
     for m in model.modules():
-        t = type(m)
+        t = _model_class(m)
         if t in norms:
             if flags["rms_norm"]:
                 _set(m, "rms_norm", forward=_bind(m, fw.rms_norm_forward, norm=spec.norm))
