@@ -48,7 +48,8 @@ attention and the non-gated vision MLPs keep Hugging Face's code.
 Distributed training runs on torch's own engines. Under DDP, and under FSDP2
 (``torch.distributed.fsdp.fully_shard``) per decoder layer and on the root, a patched model
 trains as the unpatched one does, with ``num_items_in_batch`` for gradient accumulation and
-activation checkpointing on top. The fused loss runs inside the head's call (the head
+activation checkpointing on top; ``apply_fk`` may come before or after ``fully_shard``
+(whose classes it sees through). The fused loss runs inside the head's call (the head
 module gets fk's forward for that, its own without labels), so a head sharded as its own
 FSDP unit is gathered for it and its gradient reduce-scattered like any other; in the root
 unit it is gathered with the root. Tied embeddings must stay in one unit with the head (as
