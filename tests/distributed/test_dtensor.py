@@ -39,7 +39,7 @@ def _inputs(case):
     if op == "cross_entropy":
         target = torch.randint(0, V, (12,), generator=g)
         target[[1, 2, 7]] = -100  # rank 0 gets 2 ignored rows, rank 1 one: unequal counts
-        return dict(logits=rnd(12, V), target=target, grad=rnd(12))
+        return dict(logits=rnd(12, V), target=target, grad=rnd(12), weight=rnd(V).abs() + 0.5)
     raise ValueError(case)
 
 
@@ -51,7 +51,7 @@ CASES = {
     "rope:batch": 0, "rope:heads": 1, "rope:seq": 2, "rope:head_dim": 3,
     "swiglu:seq": 1, "swiglu:hidden": 2, "geglu:batch": 0,
     "cross_entropy:mean": 0, "cross_entropy:sum": 0, "cross_entropy:none": 0,
-    "cross_entropy:vocab": 1,
+    "cross_entropy:vocab": 1, "cross_entropy:weighted": 0,
 }
 
 
@@ -98,8 +98,10 @@ def _run_case(case, mesh):
     else:
         leaves["logits"] = act(t["logits"])
         target = distribute_tensor(t["target"], mesh, [Shard(0)])
-        reduction = "mean" if variant == "vocab" else variant
-        ys = [fk.cross_entropy(leaves["logits"], target, reduction=reduction)]
+        reduction = "mean" if variant in ("vocab", "weighted") else variant
+        weight = (distribute_tensor(t["weight"], mesh, [Replicate()]) if variant == "weighted"
+                  else None)
+        ys = [fk.cross_entropy(leaves["logits"], target, weight, reduction=reduction)]
         grads = [t["grad"] if reduction == "none" else torch.ones((), device=t["grad"].device)]
     out["placements"] = [str(tuple(y.placements)) for y in ys]
     out["y"] = [y.full_tensor() for y in ys]
@@ -248,8 +250,9 @@ def _reference(case):
     elif op == "geglu":
         ys, grads = [ref_geglu(leaves["a"], leaves["b"], "tanh")], [t["grad"]]
     else:
-        reduction = "mean" if variant == "vocab" else variant
-        ys = [ref_cross_entropy(leaves["logits"], t["target"], reduction=reduction)[0]]
+        reduction = "mean" if variant in ("vocab", "weighted") else variant
+        weight = t["weight"] if variant == "weighted" else None
+        ys = [ref_cross_entropy(leaves["logits"], t["target"], weight, reduction=reduction)[0]]
         grads = [t["grad"] if reduction == "none" else torch.tensor(1.0, dtype=torch.float64)]
     torch.autograd.backward(ys, grads)
     return [y.detach() for y in ys], {n: v.grad for n, v in leaves.items()}
@@ -272,6 +275,8 @@ OUT_PLACEMENTS = {
     "geglu:batch": ["(Shard(dim=0),)"],
     "cross_entropy:mean": ["(Replicate(),)"], "cross_entropy:sum": ["(Partial(sum),)"],
     "cross_entropy:none": ["(Shard(dim=0),)"],
+    # class weights: the mean is computed on replicated rows (the logits gathered)
+    "cross_entropy:weighted": ["(Replicate(),)"],
 }
 # Cases sharded on the dim an op reduces over (or rotates): redistributed first, so never
 # computed piecewise; the output is not left sharded on that dim.
@@ -296,7 +301,12 @@ def test_op_on_dtensor_matches_reference(results, case):
             assert all(f"Shard(dim={dim})" not in p for p in r["placements"]), r["placements"]
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c not in REDISTRIBUTED])
+# Class-weighted mean cross entropy runs on gathered rows: its gradient comes back
+# replicated (the same values, another valid placement).
+GATHERED = ("cross_entropy:weighted",)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c not in REDISTRIBUTED + GATHERED])
 def test_gradients_are_placed_like_torch_layers(results, case):
     """Activations' gradients sharded as the activations; replicated weights' gradients
     Partial sums (reduced when read, as torch's own norms under SequenceParallel)."""
