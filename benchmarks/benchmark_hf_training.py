@@ -240,10 +240,10 @@ def _cell(v, spec):
     return "" if v is None else format(v, spec)
 
 
-def print_table(res, info, args, batch):
+def print_table(res, info, args, batch, title="HF training step"):
     eager = res.get("eager", {})
     shape = {"llama_3_2_1b": "Llama-3.2-1B", "qwen3_1_7b": "Qwen3-1.7B"}[args.model]
-    print(f"\nHF training step | {'tiny ' + shape if args.tiny else shape + ' shape'}"
+    print(f"\n{title} | {'tiny ' + shape if args.tiny else shape + ' shape'}"
           f"{' | float32 weights, bf16 autocast' if args.amp else ''} "
           f"({_fmt(next((r['params'] for r in res.values() if 'params' in r), None), ',')} "
           f"parameters) | batch {batch} x seq {args.seq} | {info['gpu']} | torch "
@@ -328,8 +328,8 @@ def check(res, args, vocab):
     return ok
 
 
-def write_csv(res, info, args, batch, path):
-    model = model_name(args)
+def write_csv(res, info, args, batch, path, model=None):
+    model = model or model_name(args)
     new = []
     for name, r in res.items():
         new.append(dict(info, model=model, dtype=r.get("dtype", ""), provider=name,

@@ -316,3 +316,45 @@ def ref_jsd(log_q, log_p, shift_labels=None, beta=0.5, ignore_index=-100):
         keep = shift_labels.to(x.device) != ignore_index
     total = torch.where(keep, rows, torch.zeros_like(rows)).sum()
     return total / keep.sum().clamp(min=1)
+
+
+# --- several processes (torch.distributed) ------------------------------------------------
+
+def distributed_params():
+    """pytest params (each a ``(backend, device)`` pair) of the multi-process tests: gloo on CPU, and NCCL
+    on CUDA (marker cuda; skipped where fewer than 2 GPUs are visible)."""
+    import pytest
+    two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+    return [pytest.param(("gloo", "cpu"), id="gloo-cpu"),
+            pytest.param(("nccl", "cuda"), id="nccl-cuda", marks=(pytest.mark.cuda, two_gpus))]
+
+
+def _distributed_worker(rank, fn, world_size, backend, device, init_file, out_dir, args):
+    import datetime
+    import torch.distributed as dist
+    torch.set_num_threads(1)  # the processes share the machine's cores
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method="file://" + init_file, rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=120))
+    try:
+        result = fn(rank, world_size, torch.device(device, rank) if device == "cuda"
+                    else torch.device(device), *args)
+        torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(fn, *args, world_size=2, backend="gloo", device="cpu"):
+    """``fn(rank, world_size, device, *args)`` in ``world_size`` new processes joined in one
+    process group (rendezvous through a file: no port to pick). ``fn`` must be a module-level
+    function (the processes import it); its results (anything ``torch.save`` takes, on the
+    CPU) come back as a list, one per rank. A failure in any process raises here."""
+    import tempfile
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory(prefix="fk-dist-") as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        mp.spawn(_distributed_worker, nprocs=world_size, join=True,
+                 args=(fn, world_size, backend, device, init_file, tmp, args))
+        return [torch.load(os.path.join(tmp, f"{r}.pt"), weights_only=False)
+                for r in range(world_size)]

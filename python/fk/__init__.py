@@ -38,6 +38,9 @@ from .ops.sparsemax import sparsemax  # noqa: E402
 from .ops.swiglu import swiglu  # noqa: E402
 from .ops.swiglu_linear import swiglu_linear  # noqa: E402
 from .ops.tvd import tvd  # noqa: E402
+from .ops import _sharding  # noqa: E402
+
+_sharding.register()  # DTensor rules of the ops above
 
 __version__ = "0.1.0"
 

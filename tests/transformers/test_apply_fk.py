@@ -685,3 +685,47 @@ def test_vl_tiled_mlp(model_type):
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         if q.grad is not None:
             torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+# --- the head: the fused loss runs inside its call (hooks such as FSDP2's run around it) ---
+
+def test_fused_loss_runs_inside_the_head_call():
+    model = tiny_hf_model("llama").train()
+    ft.apply_fk(model)
+    calls = []
+    model.lm_head.register_forward_pre_hook(
+        lambda m, args, kwargs: calls.append((len(args), "labels" in kwargs)), with_kwargs=True)
+    ids, labels = _batch()
+    with FkOps() as ops:
+        out = model(input_ids=ids, labels=labels)
+    assert calls == [(1, True)] and ops.count["_fused_linear_cross_entropy_forward"] == 1
+    assert out.logits is None
+    # Without labels the head is the plain linear layer.
+    x = torch.randn(3, model.config.hidden_size)
+    torch.testing.assert_close(model.lm_head(x), F.linear(x, model.lm_head.weight), rtol=0,
+                               atol=0)
+    ft.revert_fk(model)
+    assert "forward" not in model.lm_head.__dict__
+
+
+def test_a_head_replaced_after_patching_is_read_directly():
+    model = tiny_hf_model("llama").train()
+    ref = copy.deepcopy(model)
+    ft.apply_fk(model)
+    model.lm_head = copy.deepcopy(ref.lm_head)  # no fk forward on this one
+    ids, labels = _batch()
+    with FkOps() as ops:
+        loss = model(input_ids=ids, labels=labels).loss
+    assert ops.count["_fused_linear_cross_entropy_forward"] == 1
+    torch.testing.assert_close(loss, ref(input_ids=ids, labels=labels).loss, rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_a_hook_dropping_the_labels_raises_instead_of_returning_logits():
+    model = tiny_hf_model("llama").train()
+    ft.apply_fk(model)
+    model.lm_head.register_forward_pre_hook(lambda m, args, kwargs: (args, {}),
+                                            with_kwargs=True)
+    ids, labels = _batch()
+    with pytest.raises(RuntimeError, match="dropped the labels"):
+        model(input_ids=ids, labels=labels)

@@ -16,6 +16,7 @@ from torch._C import DispatchKey
 from torch.autograd.graph import increment_version
 
 from . import _autograd, _checks as c
+from ._sharding import reduce_partials, rows_sharded
 
 REDUCTIONS = ("mean", "sum", "none")
 _OP = "fk::cross_entropy"
@@ -282,6 +283,16 @@ def _cross_entropy_autograd(keyset, logits, target, weight=None, ignore_index=-1
                             softcap=None, grad_in_logits=True, loss_dtype=None):
     # The defaults are the schema's: the dispatcher may leave out arguments equal to them.
     out = output_dtype(_OP, logits, loss_dtype)
+    if reduction == "mean" and weight is None and rows_sharded(logits):
+        # Rows spread over ranks (a DTensor): the sum over all of them (a Partial DTensor)
+        # divided by the number of non-ignored rows over all ranks; each rank's own mean
+        # would weigh its rows by its own count. Returned replicated, as a mean is used.
+        # (With class weights it is computed on replicated rows.)
+        loss, z = torch.ops.fk.cross_entropy(logits, target, None, ignore_index,
+                                             label_smoothing, "sum", lse_square_scale, softcap,
+                                             grad_in_logits, torch.float32)
+        count = (target != ignore_index).sum()
+        return (reduce_partials(loss / count).to(out), reduce_partials(z / count).to(out))
     if not (torch.is_grad_enabled() and logits.requires_grad):
         # No gradient wanted (class weights are not differentiated, as in torch): losses only.
         with torch._C._AutoDispatchBelowAutograd():

@@ -45,6 +45,20 @@ with images or video as inputs, and in the vision tower the modules that are exa
 torch LayerNorms (Qwen2-VL, Qwen3-VL) and Qwen2.5-VL's RMSNorms and gated SiLU MLP. The vision
 attention and the non-gated vision MLPs keep Hugging Face's code.
 
+Distributed training runs on torch's own engines. Under DDP, and under FSDP2
+(``torch.distributed.fsdp.fully_shard``) per decoder layer and on the root, a patched model
+trains as the unpatched one does, with ``num_items_in_batch`` for gradient accumulation and
+activation checkpointing on top; ``apply_fk`` may come before or after ``fully_shard``
+(whose classes it sees through). The fused loss runs inside the head's call (the head
+module gets fk's forward for that, its own without labels), so a head sharded as its own
+FSDP unit is gathered for it and its gradient reduce-scattered like any other; in the root
+unit it is gathered with the root. Tied embeddings must stay in one unit with the head (as
+FSDP2 requires of shared parameters: sharding the head alone unties them, with or without
+fk). A head still distributed in the loss (tensor-parallel) raises; use
+``fused_linear_cross_entropy=False`` there. The norms, rope, gates and cross entropy take
+DTensors (see ``fk/ops/_sharding.py``), so modules parallelized with
+``torch.distributed.tensor.parallel`` (SequenceParallel norms) keep fk's kernels.
+
 Only instance attributes change; classes, parameters and buffers are untouched, so other
 instances of the same classes keep Hugging Face's code and the state dict is unchanged.
 Mixed dtypes (float32 weights under autocast): the norms cast their weight to the input's

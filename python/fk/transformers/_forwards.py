@@ -208,6 +208,7 @@ def linear_causal_lm_loss(hidden, lm_head, labels, *, scale=None, softcap=None,
     if multiplier is not None:
         x = x * multiplier
     weight, bias = lm_head.weight, lm_head.bias
+    _check_full_weight(weight)
     device = x.device.type
     if torch.is_autocast_enabled(device):  # the head's matmul would have run in this dtype
         dtype = torch.get_autocast_dtype(device)
@@ -220,6 +221,49 @@ def linear_causal_lm_loss(hidden, lm_head, labels, *, scale=None, softcap=None,
         x, weight, target, bias, ignore_index=ignore_index, softcap=softcap,
         reduction="mean" if num_items_in_batch is None else "sum", loss_dtype=torch.float32)
     return _normalize(loss, num_items_in_batch)
+
+
+def _check_full_weight(weight):
+    """The fused loss reads the head's whole (vocab, hidden) weight. Under FSDP2 the head's
+    call gathers it (see ``lm_head_forward``); a weight still distributed at this point
+    (tensor parallel, or a head sharded by something that did not gather it) is refused."""
+    if isinstance(weight, torch.Tensor) and type(weight) is not torch.Tensor and \
+            torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+        if isinstance(weight, DTensor):
+            raise NotImplementedError(
+                "fk.transformers: the fused linear cross entropy needs the full lm_head "
+                f"weight, but lm_head.weight is a DTensor with placements {weight.placements} "
+                "(tensor-parallel or otherwise distributed outside the head's own call). "
+                "Patch with apply_fk(model, fused_linear_cross_entropy=False) for such heads.")
+
+
+def lm_head_forward(self, x, labels=None, **loss):
+    """The forward given to the head (an ``nn.Linear``) of a patched causal LM: its own
+    without ``labels``; with them, the loss through ``linear_causal_lm_loss`` (keywords as
+    that function's). The loss runs inside the head's call, so hooks on the head run around
+    it as around its matmul: with ``fully_shard(lm_head)`` (FSDP2) the full weight is
+    gathered before, the gradient of the gathered weight reduce-scattered to the shards in
+    the backward, and the weight resharded after."""
+    if labels is None:
+        return type(self).forward(self, x)
+    return linear_causal_lm_loss(x, self, labels, **loss)
+
+
+def _head_loss(head, hidden, labels, **loss):
+    """The loss through the head's call where the head carries ``lm_head_forward`` (set by
+    apply_fk); a head put in its place afterwards is read directly."""
+    if getattr(head.__dict__.get("forward"), "__func__", None) is lm_head_forward:
+        # labels by keyword: forward pre-hooks without kwargs (tensor parallel's) may replace
+        # the positional arguments with the first one alone.
+        out = head(hidden, labels=labels, **loss)
+        if out.dim() != 0:  # never take logits for a loss
+            raise RuntimeError(
+                "fk.transformers: lm_head's call returned a tensor of shape "
+                f"{tuple(out.shape)} instead of the loss: a hook on lm_head dropped the labels "
+                "argument. Patch with apply_fk(model, fused_linear_cross_entropy=False) there.")
+        return out
+    return linear_causal_lm_loss(hidden, head, labels, **loss)
 
 
 def causal_lm_forward(self, *args, spec, modeling, **kwargs):
@@ -266,8 +310,8 @@ def _training_forward(self, input_ids=None, attention_mask=None, position_ids=No
         past_key_values=past_key_values, inputs_embeds=inputs_embeds, **extra, **kwargs)
     hidden = outputs.last_hidden_state
     keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-    loss = linear_causal_lm_loss(
-        hidden[:, keep, :], self.lm_head, labels,
+    loss = _head_loss(
+        self.lm_head, hidden[:, keep, :], labels,
         scale=config.logits_scaling if spec.logits_scaling else None,
         softcap=config.final_logit_softcapping if spec.softcap else None,
         multiplier=self.logit_scale if spec.logit_scale else None,

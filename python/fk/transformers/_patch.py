@@ -1,9 +1,9 @@
 """The one mechanism: find the table's classes in a model and bind fk forwards to those
 instances, remembering what each instance held so that ``revert`` restores it exactly.
 
-Only instance attributes change (``forward``, ``_apply_gate``, ``_loss_function``); classes,
-parameters and buffers are never touched, so other models of the same class are unaffected
-and the state dict stays the same.
+Only instance attributes change (``forward``, ``_apply_gate``, ``_loss_function``; the head's
+``forward`` along with the fused loss); classes, parameters and buffers are never touched, so
+other models of the same class are unaffected and the state dict stays the same.
 """
 import collections
 import importlib
@@ -27,7 +27,8 @@ OPT_IN_KINDS = ("tiled_mlp",)
 def _set(module, kind, **attrs):
     d = module.__dict__
     saved = d.setdefault(_SAVED, {"kinds": [], "attrs": {}})
-    saved["kinds"].append(kind)
+    if kind is not None:  # None: a helper of another module's kind, not counted by patched
+        saved["kinds"].append(kind)
     for name, value in attrs.items():
         if name not in saved["attrs"]:
             saved["attrs"][name] = (name in d, d.get(name))
@@ -45,6 +46,19 @@ def _bind(module, f, **kw):
 
     bound.__name__, bound.__qualname__, bound.__doc__ = f.__name__, f.__qualname__, f.__doc__
     return MethodType(bound, module)
+
+
+def _model_class(m):
+    """The module's class as the model defines it. FSDP2's ``fully_shard`` gives a module it
+    shards a class of its own, ``FSDP<name>(FSDPModule, <name>)``: that is the class after
+    FSDP's in the MRO (so a model sharded before it is patched is patched the same)."""
+    t = type(m)
+    if not torch.distributed.is_available():
+        return t
+    from torch.distributed.fsdp import FSDPModule
+    if not isinstance(m, FSDPModule):
+        return t
+    return next(c for c in t.__mro__[1:] if not issubclass(c, FSDPModule))
 
 
 def apply(model, flags):
@@ -66,7 +80,7 @@ def apply(model, flags):
 
     revert(model)  # patching twice gives the same model as patching once
     for m in model.modules():
-        t = type(m)
+        t = _model_class(m)
         if t in norms:
             if flags["rms_norm"]:
                 _set(m, "rms_norm", forward=_bind(m, fw.rms_norm_forward, norm=spec.norm))
@@ -107,6 +121,11 @@ def apply(model, flags):
                 # forward's signature: show it the original one.
                 forward.__func__.__signature__ = inspect.signature(t.forward)
                 _set(m, "fused_linear_cross_entropy", forward=forward)
+                # The loss runs inside the head's call (hooks on the head, such as FSDP2's
+                # gathering its sharded weight, run around it): see fw.lm_head_forward.
+                head = getattr(m, "lm_head", None)
+                if isinstance(head, torch.nn.Linear):
+                    _set(head, None, forward=_bind(head, fw.lm_head_forward))
             if flags["cross_entropy"] and getattr(m, "loss_type", None) in (
                     None, "ForCausalLM", "ForConditionalGeneration"):
                 _set(m, "cross_entropy", _loss_function=fw.causal_lm_loss)
