@@ -386,6 +386,26 @@ def test_gradcheck_one_rank(option, reduction):
         (h, wt, b))
 
 
+def test_torch_compile_fullgraph_one_rank():
+    def step(h, w, t):
+        return fk.vocab_parallel_cross_entropy(h @ w, t, lse_square_scale=1e-4, softcap=20.0)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    for rows in (6, 11):
+        h = torch.randn(rows, 16).requires_grad_()
+        w = torch.randn(16, 40).requires_grad_()
+        t = torch.randint(0, 40, (rows,))
+        t[0] = -100
+        h2, w2 = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        out, ref = compiled(h, w, t), step(h2, w2, t)
+        assert_close(out, ref, torch.float32, factor=10)
+        out.backward()
+        ref.backward()
+        assert_close(h.grad, h2.grad, torch.float32, factor=10)
+        assert_close(w.grad, w2.grad, torch.float32, factor=10)
+
+
 def test_opcheck():
     x, t, w = _inputs(5, 12, ignore=(1,))
     internal = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
@@ -452,6 +472,25 @@ def _linear_inputs(dtype, device):
     return [a.to(device) for a in (hidden, weight, bias, t, cw)]
 
 
+def _megatron_reference(shard, t, group, rank, ignore_index=-100):
+    """Megatron-LM's vocabulary-parallel cross entropy in float64 torch operations and
+    collectives: the max over ranks, the target's logit from the rank holding it, the sum
+    of exp over ranks; the mean over non-ignored rows."""
+    x = shard.double()
+    m = x.max(1).values
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+    x = x - m[:, None]
+    vl = x.shape[1]
+    local = t - rank * vl
+    here = (local >= 0) & (local < vl) & (t != ignore_index)
+    pred = torch.where(here, x.gather(1, torch.where(here, local, 0)[:, None])[:, 0], 0.0)
+    dist.all_reduce(pred, group=group)
+    sum_exp = x.exp().sum(1)
+    dist.all_reduce(sum_exp, group=group)
+    keep = t != ignore_index
+    return (torch.log(sum_exp) - pred)[keep].mean()
+
+
 def _check_ce(rank, world, device, group):
     V = 96 * world
     vl = V // world
@@ -478,6 +517,9 @@ def _check_ce(rank, world, device, group):
                 loss.backward(g_out.to(device))
                 assert_close(shard.grad, ref_g[:, rank * vl:(rank + 1) * vl], dtype, factor=3,
                              what=what + " grad")
+                if option == "plain" and reduction == "mean":
+                    mega = _megatron_reference(shard.detach(), t.to(device), group, rank)
+                    assert_close(loss, mega, torch.float32, factor=2, what=what + " megatron")
                 # The same loss on every rank, bit for bit.
                 everyone = [torch.empty_like(loss) for _ in range(world)]
                 dist.all_gather(everyone, loss.detach().contiguous(), group=group)
@@ -520,6 +562,24 @@ def _check_linear(rank, world, device, group):
                              what=what + " gb")
 
 
+def _check_compile(rank, world, device, group):
+    """torch.compile(fullgraph=True) of the wrapper, its all-gather traced, against eager."""
+    def step(s, t):
+        return fk.vocab_parallel_cross_entropy(s * 1, t, group, lse_square_scale=1e-3,
+                                               label_smoothing=0.1)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    x, t, _ = _inputs(6, 20 * world, ignore=(2,))
+    shard = x[:, rank * 20:(rank + 1) * 20].to(device)
+    a, b = shard.clone().requires_grad_(), shard.clone().requires_grad_()
+    out, ref = compiled(a, t.to(device)), step(b, t.to(device))
+    assert_close(out, ref, torch.float32, factor=2)
+    out.backward()
+    ref.backward()
+    assert_close(a.grad, b.grad, torch.float32, factor=2)
+
+
 def _worker(rank, world, port, backend, checks):
     device = torch.device("cpu")
     if backend == "nccl":
@@ -536,6 +596,15 @@ def _worker(rank, world, port, backend, checks):
         shard = x[:, rank * 40:(rank + 1) * 40].to(device)
         loss = fk.vocab_parallel_cross_entropy(shard, t.to(device))
         assert_close(loss, _ref(x, t, dict())[0], torch.float32, factor=2)
+        # A group of rank 0 alone: rank 0 computes fk.cross_entropy, rank 1 is no member.
+        solo = dist.new_group([0])
+        if rank == 0:
+            x0 = x[:, :40].to(device)
+            assert_close(fk.vocab_parallel_cross_entropy(x0, t.to(device) % 40, solo),
+                         _ref(x[:, :40], t % 40, dict())[0], torch.float32, factor=2)
+        else:
+            with pytest.raises(RuntimeError, match="not a member of the process group"):
+                fk.vocab_parallel_cross_entropy(shard, t.to(device), solo)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -545,13 +614,13 @@ def _spawn(backend, checks, world=2):
     mp.spawn(_worker, args=(world, _free_port(), backend, checks), nprocs=world, join=True)
 
 
-@pytest.mark.parametrize("checks", [("_check_ce",), ("_check_linear",)])
+@pytest.mark.parametrize("checks", [("_check_ce",), ("_check_linear",), ("_check_compile",)])
 def test_two_processes_gloo(checks):
     _spawn("gloo", checks)
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("checks", [("_check_ce",), ("_check_linear",)])
+@pytest.mark.parametrize("checks", [("_check_ce",), ("_check_linear",), ("_check_compile",)])
 def test_two_processes_nccl(checks):
     if torch.cuda.device_count() < 2 or not dist.is_nccl_available():
         pytest.skip("needs 2 GPUs and NCCL")

@@ -18,9 +18,12 @@ the communication is here, with torch.distributed, between them:
    allowed (as fk.cross_entropy does). The backward needs no communication: it scales the
    stored gradient by grad_output (fk::_cross_entropy_backward(_)).
 
-No host synchronisation. Autograd: torch.autograd.Function (eager mode; the collectives are
-torch.distributed's, not traceable by torch.compile).
+No host synchronisation. Autograd: torch.autograd.Function around the internal ops (which
+have fake kernels); torch.compile(fullgraph=True) traces fk.vocab_parallel_cross_entropy,
+its all-gather included (Dynamo turns it into a functional collective), and then keeps the
+gradient in a separate buffer. The fused linear head is for eager mode.
 """
+import contextlib
 from typing import Optional, Tuple, Union
 
 import torch
@@ -96,7 +99,9 @@ def group_rank_and_size(group):
         c.check(group is None, _OP, ": a process group was given but torch.distributed is "
                 "not initialized")
         return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    c.check(rank >= 0, _OP, ": this process is not a member of the process group")
+    return rank, dist.get_world_size(group)
 
 
 def gather_stats(stats: torch.Tensor, group, world: int) -> torch.Tensor:
@@ -150,6 +155,22 @@ def _forward(logits, target, weight, group, rank, world, reduction, opts, grad, 
     return loss, z, g
 
 
+def _below_autograd():
+    """Eager: skip the autograd dispatch of the internal ops (they have no formula); under
+    torch.compile's tracing (which cannot enter that guard) a plain call."""
+    if torch.compiler.is_compiling():
+        return contextlib.nullcontext()
+    return torch._C._AutoDispatchBelowAutograd()
+
+
+def _scale(op, grad, grad_loss):
+    """The stored gradient times grad_output: in place where safe in eager mode
+    (cross_entropy.scale_stored_grad), into a new tensor under torch.compile's tracing."""
+    if torch.compiler.is_compiling():
+        return torch.ops.fk._cross_entropy_backward(grad, grad_loss)
+    return scale_stored_grad(op, grad, grad_loss)
+
+
 class _VocabParallelCrossEntropyFunction(torch.autograd.Function):
     """The forward computes the shard's gradient for a grad_output of 1 (into the logits'
     memory with grad_in_logits in plain eager execution, as fk.cross_entropy); the backward
@@ -159,8 +180,9 @@ class _VocabParallelCrossEntropyFunction(torch.autograd.Function):
     def forward(ctx, logits, target, weight, group, rank, world, reduction, opts,
                 grad_in_logits):
         ctx.set_materialize_grads(False)
-        with torch._C._AutoDispatchBelowAutograd():
-            if grad_in_logits and plain_eager(logits, target):
+        with _below_autograd():
+            if (grad_in_logits and not torch.compiler.is_compiling()
+                    and plain_eager(logits, target)):
                 x = logits if logits.is_contiguous() else logits.contiguous()
                 loss, z, grad = _forward(x, target, weight, group, rank, world, reduction, opts,
                                          "inplace")
@@ -178,7 +200,7 @@ class _VocabParallelCrossEntropyFunction(torch.autograd.Function):
         if grad_loss is None:
             return (None,) * 9
         (grad,) = ctx.saved_tensors
-        return (scale_stored_grad(_OP, grad, grad_loss),) + (None,) * 8
+        return (_scale(_OP, grad, grad_loss),) + (None,) * 8
 
 
 # --- checks and fake kernels (csrc/ops/vocab_parallel_cross_entropy/ raises the same
@@ -455,7 +477,7 @@ class _VocabParallelLinearFunction(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         deferred = reduction == "none"
         now = (False, False, False) if deferred else mask
-        with torch._C._AutoDispatchBelowAutograd():
+        with _below_autograd():
             loss, z, gx, gw, gb, stats, den = _flce_pass(
                 hidden, weight, target, bias, ce_weight, group, rank, world, reduction, opts,
                 chunk_size, now)
@@ -488,9 +510,9 @@ class _VocabParallelLinearFunction(torch.autograd.Function):
             return tuple(out)
         gx, gw, gb = ctx.saved_tensors
         if gx is not None:
-            out[0] = scale_stored_grad(_FLCE_OP, gx, grad_loss)
+            out[0] = _scale(_FLCE_OP, gx, grad_loss)
         if gw is not None:
-            out[1] = scale_stored_grad(_FLCE_OP, gw, grad_loss)
+            out[1] = _scale(_FLCE_OP, gw, grad_loss)
         if gb is not None:
-            out[3] = scale_stored_grad(_FLCE_OP, gb.unsqueeze(0), grad_loss).squeeze(0)
+            out[3] = _scale(_FLCE_OP, gb.unsqueeze(0), grad_loss).squeeze(0)
         return tuple(out)
