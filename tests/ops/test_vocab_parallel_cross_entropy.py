@@ -221,6 +221,31 @@ def test_cpu_ops_on_shards(dtype, option, reduction):
             assert torch.equal(grad[1], torch.zeros(V, dtype=dtype))
 
 
+def _masked_and_nan(run):
+    """A row of -inf over a whole shard (masked classes: that rank adds nothing) matches the
+    reference; a NaN logit makes its row NaN. run(x, t, w, kw) -> (loss, z, grad)."""
+    x, t, w = _inputs(5, 60, ignore=())
+    x[1, 20:40] = -float("inf")
+    t[1] = 45
+    x[3, 50] = float("nan")
+    kw = _kwargs("zloss", w, "none")
+    ref_loss, _, _ = _ref(x, t, kw)
+    assert torch.isfinite(ref_loss[1]) and torch.isnan(ref_loss[3])
+    loss, _, grad = run(x.clone(), t, w, kw)
+    assert_close(loss, ref_loss, torch.float32, factor=2)
+    assert torch.isnan(grad[3]).all() and not torch.isnan(grad[[0, 1, 2, 4]]).any()
+    assert torch.equal(grad[1, 20:40], torch.zeros(20))
+
+
+def test_cpu_masked_shard_rows_and_nan_propagate():
+    _masked_and_nan(lambda x, t, w, kw: _ops_on_shards(x, t, w, kw, 3))
+
+
+def test_interpreter_masked_shard_rows_and_nan_propagate():
+    mod = load_triton_src("vocab_parallel_cross_entropy")
+    _masked_and_nan(lambda x, t, w, kw: _run_kernels(mod, x, t, w, kw, 3, 8, 2, False))
+
+
 def test_cpu_one_rank_equals_fk_cross_entropy():
     x, t, w = _inputs(8, 50, ignore=(3,))
     for option in OPTIONS:
