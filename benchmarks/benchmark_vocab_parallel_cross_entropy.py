@@ -14,7 +14,8 @@ model's vocabulary (bf16 by default) and the same targets. Providers, per rank:
 - ``fk``: fk.vocab_parallel_cross_entropy on the shard (one all-gather of 6 floats a row);
 - with ``--linear``: ``fk linear``, fk.vocab_parallel_fused_linear_cross_entropy from the
   (tokens, H) hidden states and this rank's (V / W, H) head rows, against ``torch linear
-  (gather)``: the shard's logits by a matmul, then ``torch (gather)``.
+  (gather)``: the shard's logits by a matmul, then ``torch (gather)`` (the hidden states'
+  gradient all-reduced over the ranks in the backward, as fk's).
 
 Modes: forward, and full (forward + ``loss.backward()``). Every rank runs the same fixed
 number of calls (a timer that picks its repetitions from a first estimate could pick a
@@ -54,6 +55,23 @@ class _GatherLogits(torch.autograd.Function):
         return grad[:, ctx.cols[0]:ctx.cols[1]], None, None, None
 
 
+class _SumGradOverRanks(torch.autograd.Function):
+    """Identity whose backward all-reduces (sums) the gradient: the column-parallel head's
+    input, whose gradient is the sum of every rank's part (Megatron's copy to the tensor
+    parallel region)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
 def providers(group, rank, world, linear):
     import fk
 
@@ -68,7 +86,7 @@ def providers(group, rank, world, linear):
     }
     if linear:
         out["torch linear (gather)"] = lambda h, w, t: F.cross_entropy(
-            gather(h @ w.t()).float(), t)
+            gather(_SumGradOverRanks.apply(h, group) @ w.t()).float(), t)
         out["fk linear"] = lambda h, w, t: fk.vocab_parallel_fused_linear_cross_entropy(
             h, w, t, group, loss_dtype=torch.float32)
     return out
