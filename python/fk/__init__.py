@@ -38,6 +38,8 @@ from .ops.sparsemax import sparsemax  # noqa: E402
 from .ops.swiglu import swiglu  # noqa: E402
 from .ops.swiglu_linear import swiglu_linear  # noqa: E402
 from .ops.tvd import tvd  # noqa: E402
+from .ops.vocab_parallel_cross_entropy import (  # noqa: E402
+    vocab_parallel_cross_entropy, vocab_parallel_fused_linear_cross_entropy)
 from .ops import _sharding  # noqa: E402
 
 _sharding.register()  # DTensor rules of the ops above
@@ -51,6 +53,7 @@ __all__ = ["cross_entropy", "dyt", "fused_add_rms_norm", "fused_linear_cross_ent
            "fused_linear_jsd", "geglu", "group_norm", "jsd", "kl_div", "layer_norm",
            "llama4_rope", "neighborhood_attention", "poly_norm", "qwen2vl_mrope", "rms_norm",
            "rope", "rope_", "softmax", "sparsemax", "swiglu", "swiglu_linear", "tvd",
+           "vocab_parallel_cross_entropy", "vocab_parallel_fused_linear_cross_entropy",
            "nn", "build_info", "cmake_prefix_path"]
 
 
