@@ -144,6 +144,16 @@ inline bool plain_eager(std::initializer_list<const at::Tensor*> tensors) {
   return true;
 }
 
+// The defined tensors of ts (outputs that may be left undefined, for
+// mark_non_differentiable).
+inline variable_list defined(std::initializer_list<at::Tensor> ts) {
+  variable_list out;
+  for (const at::Tensor& t : ts) {
+    if (t.defined()) out.push_back(t);
+  }
+  return out;
+}
+
 // Marks t as modified in place, so that anything that saved it for its backward raises
 // autograd's "modified by an inplace operation" error instead of reading the new values.
 inline void bump_version(const at::Tensor& t) { t.unsafeGetTensorImpl()->bump_version(); }
@@ -1099,42 +1109,44 @@ inline at::Tensor scale_stored_grad(const char* op, at::Tensor stored,
 // backward raise too.
 class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFunction> {
  public:
-  using Result = std::tuple<at::Tensor, at::Tensor>;
+  // (loss, z_loss, token_accuracy, predicted_tokens), the last two undefined unless asked.
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
   static constexpr const char* kOp = "fk::cross_entropy";
 
   static variable_list forward(AutogradContext* ctx, const at::Tensor& logits,
                                const at::Tensor& target, const std::optional<at::Tensor>& weight,
                                int64_t ignore_index, double label_smoothing,
                                c10::string_view reduction, double lse_square_scale,
-                               std::optional<double> softcap, bool grad_in_logits) {
+                               std::optional<double> softcap, bool grad_in_logits, bool extras) {
     ctx->set_materialize_grads(false);
     at::AutoDispatchBelowADInplaceOrView guard;
-    at::Tensor loss, z, grad;
+    at::Tensor loss, z, grad, acc, pred;
     if (grad_in_logits && detail::plain_eager({&logits, &target})) {
       // The gradient goes into the logits, or into the one contiguous copy of them.
       at::Tensor x = logits.is_contiguous() ? logits : logits.contiguous();
       static const auto op =
           detail::op<Result(at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                            int64_t, double, c10::string_view, double, std::optional<double>)>(
-              "fk::_cross_entropy_forward_");
-      std::tie(loss, z) = op.call(x, target, weight, ignore_index, label_smoothing, reduction,
-                                  lse_square_scale, softcap);
+                            int64_t, double, c10::string_view, double, std::optional<double>,
+                            bool)>("fk::_cross_entropy_forward_");
+      std::tie(loss, z, acc, pred) = op.call(x, target, weight, ignore_index, label_smoothing,
+                                             reduction, lse_square_scale, softcap, extras);
       if (x.is_same(logits)) detail::bump_version(logits);
       grad = x;
     } else {
-      std::tie(loss, z, grad) = forward_op(logits, target, weight, ignore_index,
-                                           label_smoothing, reduction, lse_square_scale,
-                                           softcap, true);
+      std::tie(loss, z, grad, acc, pred) =
+          forward_op(logits, target, weight, ignore_index, label_smoothing, reduction,
+                     lse_square_scale, softcap, true, extras);
     }
     ctx->save_for_backward({grad});
-    // z_loss is part of loss already and is returned for logging: no gradient through it.
-    ctx->mark_non_differentiable({z});
-    return {loss, z};
+    // z_loss is part of loss already and is returned for logging, the token accuracy and
+    // predicted tokens are metrics: no gradient through them.
+    ctx->mark_non_differentiable(detail::defined({z, acc, pred}));
+    return {loss, z, acc, pred};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list out(9);
-    // No grad_output for the loss: only z_loss was used, and it carries no gradient.
+    variable_list out(10);
+    // No grad_output for the loss: only the outputs without a gradient were used.
     if (!grads[0].defined()) return out;
     out[0] = detail::scale_stored_grad(kOp, ctx->get_saved_variables()[0], grads[0]);
     return out;
@@ -1145,34 +1157,42 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
                        const std::optional<at::Tensor>& weight, int64_t ignore_index,
                        double label_smoothing, c10::string_view reduction,
                        double lse_square_scale, std::optional<double> softcap,
-                       bool grad_in_logits, std::optional<at::ScalarType> loss_dtype) {
+                       bool grad_in_logits, std::optional<at::ScalarType> loss_dtype,
+                       bool return_token_accuracy, bool return_predicted_tokens) {
     const auto dtype = detail::loss_output_dtype(kOp, logits, loss_dtype);
+    const bool extras = return_token_accuracy || return_predicted_tokens;
+    at::Tensor loss, z, acc, pred;
     if (!at::GradMode::is_enabled() || !logits.requires_grad()) {
       // No gradient wanted (class weights are not differentiated, as in torch): losses only.
       at::AutoDispatchBelowADInplaceOrView guard;
-      auto [loss, z, grad] = forward_op(logits, target, weight, ignore_index, label_smoothing,
-                                        reduction, lse_square_scale, softcap, false);
-      return {loss.to(dtype), z.to(dtype)};
+      std::tie(loss, z, std::ignore, acc, pred) =
+          forward_op(logits, target, weight, ignore_index, label_smoothing, reduction,
+                     lse_square_scale, softcap, false, extras);
+    } else {
+      auto out = apply(logits, target, weight, ignore_index, label_smoothing, reduction,
+                       lse_square_scale, softcap, grad_in_logits, extras);
+      loss = out[0], z = out[1], acc = out[2], pred = out[3];
     }
-    auto out = apply(logits, target, weight, ignore_index, label_smoothing, reduction,
-                     lse_square_scale, softcap, grad_in_logits);
     // Rounded once to the output dtype; autograd casts grad_output back to float32.
-    return {out[0].to(dtype), out[1].to(dtype)};
+    return {loss.to(dtype), z.to(dtype), return_token_accuracy ? acc : at::Tensor(),
+            return_predicted_tokens ? pred : at::Tensor()};
   }
 
  private:
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_op(
-      const at::Tensor& logits, const at::Tensor& target,
-      const std::optional<at::Tensor>& weight, int64_t ignore_index, double label_smoothing,
-      c10::string_view reduction, double lse_square_scale, std::optional<double> softcap,
-      bool compute_grad) {
+  using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+  static Forward forward_op(const at::Tensor& logits, const at::Tensor& target,
+                            const std::optional<at::Tensor>& weight, int64_t ignore_index,
+                            double label_smoothing, c10::string_view reduction,
+                            double lse_square_scale, std::optional<double> softcap,
+                            bool compute_grad, bool extras) {
     static const auto op =
-        detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-            const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t,
-            double, c10::string_view, double, std::optional<double>, bool)>(
+        detail::op<Forward(const at::Tensor&, const at::Tensor&,
+                           const std::optional<at::Tensor>&, int64_t, double, c10::string_view,
+                           double, std::optional<double>, bool, bool)>(
             "fk::_cross_entropy_forward");
     return op.call(logits, target, weight, ignore_index, label_smoothing, reduction,
-                   lse_square_scale, softcap, compute_grad);
+                   lse_square_scale, softcap, compute_grad, extras);
   }
 };
 
@@ -1384,7 +1404,8 @@ class TvdFunction : public torch::autograd::Function<TvdFunction> {
 class FusedLinearCrossEntropyFunction
     : public torch::autograd::Function<FusedLinearCrossEntropyFunction> {
  public:
-  using Result = std::tuple<at::Tensor, at::Tensor>;
+  // (loss, z_loss, token_accuracy, predicted_tokens), the last two undefined unless asked.
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
   static constexpr const char* kOp = "fk::fused_linear_cross_entropy";
 
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
@@ -1395,18 +1416,19 @@ class FusedLinearCrossEntropyFunction
                                double lse_square_scale, std::optional<double> softcap,
                                std::optional<int64_t> chunk_size,
                                std::optional<at::ScalarType> accum_dtype,
-                               std::array<bool, 3> grad_mask) {
+                               std::array<bool, 3> grad_mask, bool use_token_scaling,
+                               bool extras) {
     ctx->set_materialize_grads(false);
     const bool deferred = reduction == "none";
     const std::array<bool, 3> now =
         deferred ? std::array<bool, 3>{false, false, false} : grad_mask;
-    at::Tensor loss, z, gx, gw, gb;
+    at::Tensor loss, z, gx, gw, gb, acc, pred;
     {
       at::AutoDispatchBelowADInplaceOrView guard;
-      std::tie(loss, z, gx, gw, gb) =
+      std::tie(loss, z, gx, gw, gb, acc, pred) =
           forward_op(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
                      reduction, lse_square_scale, softcap, chunk_size, accum_dtype, now,
-                     std::nullopt);
+                     std::nullopt, use_token_scaling, extras);
     }
     ctx->saved_data["deferred"] = deferred;
     if (deferred) {
@@ -1420,18 +1442,20 @@ class FusedLinearCrossEntropyFunction
       ctx->saved_data["accum_dtype"] =
           accum_dtype.has_value() ? static_cast<int64_t>(*accum_dtype) : int64_t{-1};
       ctx->saved_data["grad_mask"] = std::vector<bool>(grad_mask.begin(), grad_mask.end());
+      ctx->saved_data["use_token_scaling"] = use_token_scaling;
     } else {
       ctx->save_for_backward({gx, gw, gb});
     }
-    // z_loss is part of loss already and is returned for logging: no gradient through it.
-    ctx->mark_non_differentiable({z});
-    return {loss, z};
+    // z_loss is part of loss already and is returned for logging, the token accuracy and
+    // predicted tokens are metrics: no gradient through them.
+    ctx->mark_non_differentiable(detail::defined({z, acc, pred}));
+    return {loss, z, acc, pred};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list out(13);
+    variable_list out(15);
     const at::Tensor& g = grads[0];
-    // No grad_output for the loss: only z_loss was used, and it carries no gradient.
+    // No grad_output for the loss: only the outputs without a gradient were used.
     if (!g.defined()) return out;
     auto saved = ctx->get_saved_variables();
     if (ctx->saved_data["deferred"].toBool()) {
@@ -1442,7 +1466,7 @@ class FusedLinearCrossEntropyFunction
       {
         at::NoGradGuard no_grad;
         at::AutoDispatchBelowADInplaceOrView guard;
-        std::tie(std::ignore, std::ignore, gx, gw, gb) = forward_op(
+        std::tie(std::ignore, std::ignore, gx, gw, gb, std::ignore, std::ignore) = forward_op(
             saved[0], saved[1], saved[2], detail::optional(saved[3]),
             detail::optional(saved[4]), ctx->saved_data["ignore_index"].toInt(),
             ctx->saved_data["label_smoothing"].toDouble(), "none",
@@ -1451,7 +1475,8 @@ class FusedLinearCrossEntropyFunction
             ctx->saved_data["chunk_size"].toOptional<int64_t>(),
             accum < 0 ? std::nullopt
                       : std::optional<at::ScalarType>(static_cast<at::ScalarType>(accum)),
-            {mask[0], mask[1], mask[2]}, g);
+            {mask[0], mask[1], mask[2]}, g, ctx->saved_data["use_token_scaling"].toBool(),
+            false);
       }
       if (create_graph) {
         const variable_list marked = detail::raise_when_differentiated(kOp, {gx, gw, gb});
@@ -1476,28 +1501,36 @@ class FusedLinearCrossEntropyFunction
                        double lse_square_scale, std::optional<double> softcap,
                        std::optional<int64_t> chunk_size,
                        std::optional<at::ScalarType> accum_dtype,
-                       std::optional<at::ScalarType> loss_dtype) {
+                       std::optional<at::ScalarType> loss_dtype, bool use_token_scaling,
+                       bool return_token_accuracy, bool return_predicted_tokens) {
     const auto dtype = detail::loss_output_dtype(kOp, x, loss_dtype);
+    const bool extras = return_token_accuracy || return_predicted_tokens;
     const bool grad_mode = at::GradMode::is_enabled();
     const std::array<bool, 3> mask = {
         grad_mode && x.requires_grad(), grad_mode && weight.requires_grad(),
         grad_mode && bias.has_value() && bias->defined() && bias->requires_grad()};
+    at::Tensor loss, z, acc, pred;
     if (!mask[0] && !mask[1] && !mask[2]) {
       // No gradient wanted (ce_weight is not differentiated): losses only.
       at::AutoDispatchBelowADInplaceOrView guard;
-      auto r = forward_op(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
-                          reduction, lse_square_scale, softcap, chunk_size, accum_dtype,
-                          {false, false, false}, std::nullopt);
-      return {std::get<0>(r).to(dtype), std::get<1>(r).to(dtype)};
+      std::tie(loss, z, std::ignore, std::ignore, std::ignore, acc, pred) =
+          forward_op(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
+                     reduction, lse_square_scale, softcap, chunk_size, accum_dtype,
+                     {false, false, false}, std::nullopt, use_token_scaling, extras);
+    } else {
+      auto out = apply(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
+                       reduction, lse_square_scale, softcap, chunk_size, accum_dtype, mask,
+                       use_token_scaling, extras);
+      loss = out[0], z = out[1], acc = out[2], pred = out[3];
     }
-    auto out = apply(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
-                     reduction, lse_square_scale, softcap, chunk_size, accum_dtype, mask);
     // Rounded once to the output dtype; autograd casts grad_output back to float32.
-    return {out[0].to(dtype), out[1].to(dtype)};
+    return {loss.to(dtype), z.to(dtype), return_token_accuracy ? acc : at::Tensor(),
+            return_predicted_tokens ? pred : at::Tensor()};
   }
 
  private:
-  using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+  using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                             at::Tensor, at::Tensor>;
 
   static Forward forward_op(const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& target, const std::optional<at::Tensor>& bias,
@@ -1507,16 +1540,18 @@ class FusedLinearCrossEntropyFunction
                             std::optional<int64_t> chunk_size,
                             std::optional<at::ScalarType> accum_dtype,
                             std::array<bool, 3> grad_mask,
-                            const std::optional<at::Tensor>& grad_rows) {
+                            const std::optional<at::Tensor>& grad_rows, bool use_token_scaling,
+                            bool extras) {
     static const auto op =
         detail::op<Forward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                            const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                            int64_t, double, c10::string_view, double, std::optional<double>,
                            std::optional<int64_t>, std::optional<at::ScalarType>,
-                           std::array<bool, 3>, const std::optional<at::Tensor>&)>(
+                           std::array<bool, 3>, const std::optional<at::Tensor>&, bool, bool)>(
             "fk::_fused_linear_cross_entropy_forward");
     return op.call(x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
-                   lse_square_scale, softcap, chunk_size, accum_dtype, grad_mask, grad_rows);
+                   lse_square_scale, softcap, chunk_size, accum_dtype, grad_mask, grad_rows,
+                   use_token_scaling, extras);
   }
 };
 
