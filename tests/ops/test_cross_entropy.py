@@ -79,11 +79,13 @@ class _ClusterSums:
 
 
 def _run_fwd_kernel(mod, x, t, w, kw, block, general, grid, in_place, write_grad=True,
-                    chunks=1):
+                    chunks=1, pred=None, token_scaling=False):
     """grid: programs (chunks == 1) or rows at once (chunks > 1: chunks programs a row).
     With chunks > 1 the cluster exchange is emulated (_ClusterSums) and the kernel runs
     twice, the first time without the gradient: the first launch leaves every chunk's sums
-    behind, and the second, which keeps them again identically, finds them all."""
+    behind, and the second, which keeps them again identically, finds them all. With `pred`
+    (an (n,) int64 buffer) the EXTRA variant runs: it writes the predictions there and
+    scales the rows with token_scaling."""
     n, v = x.shape
     wt = (w if kw["weight"] is not None else torch.zeros(1)).float()
     den = torch.ones(2)  # (D_w, D_n): ones unless the reduction is "mean"
@@ -98,8 +100,8 @@ def _run_fwd_kernel(mod, x, t, w, kw, block, general, grid, in_place, write_grad
         mod.cross_entropy_fwd_kernel[(grid * chunks,)](
             x, grad, t, wt, den, loss, z, v, v, n, v, -100, kw["label_smoothing"],
             kw["lse_square_scale"], cap or 1.0, int(kw["weight"] is not None),
-            int(cap is not None), wg, BLOCK=block, GENERAL=general, PER_SM=1,
-            CHUNKS=chunks)
+            int(cap is not None), wg, t if pred is None else pred, int(token_scaling),
+            BLOCK=block, GENERAL=general, PER_SM=1, CHUNKS=chunks, EXTRA=int(pred is not None))
     if kw["reduction"] != "none":
         loss, z = loss.sum(), z.sum()
     return loss, z, grad
@@ -578,14 +580,21 @@ def test_opcheck():
     x, t, w = _inputs(5, 11, ignore=(1,))
     for args in ((x.clone().requires_grad_(), t, w, -100, 0.1, "mean", 1e-3, 5.0, False),
                  (x.clone().requires_grad_(), t, None, -100, 0.0, "none", 0.0, None, False),
-                 (x.clone(), t, None, -100, 0.0, "sum", 0.0, None, True)):
+                 (x.clone(), t, None, -100, 0.0, "sum", 0.0, None, True),
+                 (x.clone().requires_grad_(), t, w, -100, 0.1, "mean", 1e-3, 5.0, False, None,
+                  True, True),
+                 (x.clone().requires_grad_(), t, None, -100, 0.0, "none", 0.0, None, False,
+                  torch.float32, False, True),
+                 (x.clone(), t, None, -100, 0.0, "sum", 0.0, None, True, None, True, False)):
         torch.library.opcheck(torch.ops.fk.cross_entropy, args)
     internal = ("test_schema", "test_faketensor")
-    torch.library.opcheck(torch.ops.fk._cross_entropy_forward,
-                          (x, t, w, -100, 0.0, "mean", 0.0, None, True),
-                          test_utils=internal + ("test_aot_dispatch_dynamic",))
-    torch.library.opcheck(torch.ops.fk._cross_entropy_forward_,
-                          (x.clone(), t, None, -100, 0.0, "sum", 0.0, 2.0), test_utils=internal)
+    for extras in (False, True):
+        torch.library.opcheck(torch.ops.fk._cross_entropy_forward,
+                              (x, t, w, -100, 0.0, "mean", 0.0, None, True, extras),
+                              test_utils=internal + ("test_aot_dispatch_dynamic",))
+        torch.library.opcheck(torch.ops.fk._cross_entropy_forward_,
+                              (x.clone(), t, None, -100, 0.0, "sum", 0.0, 2.0, extras),
+                              test_utils=internal)
     g = randn(5, 11)
     torch.library.opcheck(torch.ops.fk._cross_entropy_backward, (g, torch.tensor(2.0)),
                           test_utils=internal + ("test_aot_dispatch_dynamic",))

@@ -281,11 +281,16 @@ def test_opcheck():
             torch.ops.fk.fused_linear_cross_entropy,
             (x.clone().requires_grad_(), w.clone().requires_grad_(), t, b.clone().requires_grad_(),
              cw, -100, 0.1, red, 1e-3, 4.0, 2, None))
-    torch.library.opcheck(torch.ops.fk._fused_linear_cross_entropy_forward,
-                          (x, w, t, b, None, -100, 0.0, "sum", 0.0, None, 3, torch.float32,
-                           [True, True, True], None),
-                          test_utils=("test_schema", "test_faketensor",
-                                      "test_aot_dispatch_dynamic"))
+        torch.library.opcheck(
+            torch.ops.fk.fused_linear_cross_entropy,
+            (x.clone().requires_grad_(), w.clone().requires_grad_(), t, b.clone().requires_grad_(),
+             cw, -100, 0.1, red, 1e-3, 4.0, 2, None, torch.float32, True, True, True))
+    for extras in (False, True):
+        torch.library.opcheck(torch.ops.fk._fused_linear_cross_entropy_forward,
+                              (x, w, t, b, None, -100, 0.0, "sum", 0.0, None, 3, torch.float32,
+                               [True, True, True], None, extras, extras),
+                              test_utils=("test_schema", "test_faketensor",
+                                          "test_aot_dispatch_dynamic"))
 
 
 def test_torch_compile_fullgraph():
