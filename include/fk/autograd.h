@@ -1141,7 +1141,8 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
     // z_loss is part of loss already and is returned for logging, the token accuracy and
     // predicted tokens are metrics: no gradient through them.
     ctx->mark_non_differentiable(detail::defined({z, acc, pred}));
-    return {loss, z, acc, pred};
+    // Undefined outputs are left out (a C++ Function cannot return them).
+    return detail::defined({loss, z, acc, pred});
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -1171,7 +1172,11 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
     } else {
       auto out = apply(logits, target, weight, ignore_index, label_smoothing, reduction,
                        lse_square_scale, softcap, grad_in_logits, extras);
-      loss = out[0], z = out[1], acc = out[2], pred = out[3];
+      loss = out[0], z = out[1];
+      if (extras) {
+        acc = out[2];
+        pred = out[3];
+      }
     }
     // Rounded once to the output dtype; autograd casts grad_output back to float32.
     return {loss.to(dtype), z.to(dtype), return_token_accuracy ? acc : at::Tensor(),
@@ -1449,7 +1454,8 @@ class FusedLinearCrossEntropyFunction
     // z_loss is part of loss already and is returned for logging, the token accuracy and
     // predicted tokens are metrics: no gradient through them.
     ctx->mark_non_differentiable(detail::defined({z, acc, pred}));
-    return {loss, z, acc, pred};
+    // Undefined outputs are left out (a C++ Function cannot return them).
+    return detail::defined({loss, z, acc, pred});
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -1521,7 +1527,11 @@ class FusedLinearCrossEntropyFunction
       auto out = apply(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
                        reduction, lse_square_scale, softcap, chunk_size, accum_dtype, mask,
                        use_token_scaling, extras);
-      loss = out[0], z = out[1], acc = out[2], pred = out[3];
+      loss = out[0], z = out[1];
+      if (extras) {
+        acc = out[2];
+        pred = out[3];
+      }
     }
     // Rounded once to the output dtype; autograd casts grad_output back to float32.
     return {loss.to(dtype), z.to(dtype), return_token_accuracy ? acc : at::Tensor(),
