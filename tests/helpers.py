@@ -89,10 +89,11 @@ def round_toward_zero(t, dtype):
     return bits.view(torch.float32).to(torch.bfloat16)
 
 
-def ref_swiglu(a, b, cast=round_nearest):
-    """silu(a) * b in float64, rounded once to a's dtype with `cast`."""
-    a64, b64 = a.double(), b.double()
-    out = a64 / (1 + torch.exp(-a64)) * b64
+def ref_swiglu(a, b, cast=round_nearest, gate_multiplier=1.0, down_multiplier=1.0):
+    """silu(a * gate_multiplier) * b * down_multiplier in float64, rounded once to a's dtype
+    with `cast`."""
+    a64, b64 = a.double() * gate_multiplier, b.double()
+    out = a64 / (1 + torch.exp(-a64)) * b64 * down_multiplier
     return out.to(a.dtype) if a.dtype == torch.float64 else cast(out.float(), a.dtype)
 
 

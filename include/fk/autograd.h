@@ -195,51 +195,59 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
   static constexpr const char* kOp = "fk::swiglu";
 
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
-                            bool backward_in_place) {
+                            bool backward_in_place, double gate_multiplier,
+                            double down_multiplier) {
     at::AutoDispatchBelowADInplaceOrView guard;
     ctx->save_for_backward({a, b});
     ctx->saved_data["in_place"] = backward_in_place;
-    return call(a, b, backward_in_place);
+    ctx->saved_data["gate_multiplier"] = gate_multiplier;
+    ctx->saved_data["down_multiplier"] = down_multiplier;
+    return call(a, b, backward_in_place, gate_multiplier, down_multiplier);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     at::Tensor a = saved[0], b = saved[1];
     const bool in_place = ctx->saved_data["in_place"].toBool();
+    const double gm = ctx->saved_data["gate_multiplier"].toDouble();
+    const double dm = ctx->saved_data["down_multiplier"].toDouble();
     return detail::once_differentiable(kOp, grads, {&a, &b}, [&](bool create_graph) {
       auto [da, db] = detail::input_grads(
           in_place && detail::may_overwrite_saved(create_graph), a, b,
           [&] {
             static const auto op =
-                detail::op<void(const at::Tensor&, at::Tensor&, at::Tensor&)>(
+                detail::op<void(const at::Tensor&, at::Tensor&, at::Tensor&, double, double)>(
                     "fk::_swiglu_backward_");
-            op.call(grads[0], a, b);
+            op.call(grads[0], a, b, gm, dm);
           },
           [&] {
             static const auto op =
                 detail::op<std::tuple<at::Tensor, at::Tensor>(
-                    const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+                    const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double)>(
                     "fk::_swiglu_backward");
-            return op.call(grads[0], a, b);
+            return op.call(grads[0], a, b, gm, dm);
           });
-      return variable_list{da, db, at::Tensor()};
+      return variable_list{da, db, at::Tensor(), at::Tensor(), at::Tensor()};
     });
   }
 
   // The Autograd kernel of fk::swiglu.
-  static at::Tensor kernel(const at::Tensor& a, const at::Tensor& b, bool backward_in_place) {
+  static at::Tensor kernel(const at::Tensor& a, const at::Tensor& b, bool backward_in_place,
+                           double gate_multiplier, double down_multiplier) {
     if (!detail::records({&a, &b})) {
       at::AutoDispatchBelowADInplaceOrView guard;
-      return call(a, b, backward_in_place);
+      return call(a, b, backward_in_place, gate_multiplier, down_multiplier);
     }
-    return apply(a, b, backward_in_place);
+    return apply(a, b, backward_in_place, gate_multiplier, down_multiplier);
   }
 
  private:
-  static at::Tensor call(const at::Tensor& a, const at::Tensor& b, bool backward_in_place) {
+  static at::Tensor call(const at::Tensor& a, const at::Tensor& b, bool backward_in_place,
+                         double gate_multiplier, double down_multiplier) {
     static const auto op =
-        detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, bool)>("fk::swiglu");
-    return op.call(a, b, backward_in_place);
+        detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, bool, double, double)>(
+            "fk::swiglu");
+    return op.call(a, b, backward_in_place, gate_multiplier, down_multiplier);
   }
 };
 

@@ -31,14 +31,17 @@ c10::TypedOperatorHandle<Signature> op(const char* name) {
 
 }  // namespace detail
 
-// silu(a) * b, elementwise. a and b: same shape, dtype (float32 / bfloat16 / float16, or
+// silu(a * gate_multiplier) * b * down_multiplier, elementwise (Falcon-H1's MLP multipliers;
+// silu(a) * b by default). a and b: same shape, dtype (float32 / bfloat16 / float16, or
 // float64 on CPU) and device. backward_in_place: the backward may write the gradients into
 // a's and b's memory (for intermediates nothing else reads, e.g. inside an MLP).
 inline at::Tensor swiglu(const at::Tensor& a, const at::Tensor& b,
-                         bool backward_in_place = false) {
+                         bool backward_in_place = false, double gate_multiplier = 1.0,
+                         double down_multiplier = 1.0) {
   static const auto op =
-      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, bool)>("fk::swiglu");
-  return op.call(a, b, backward_in_place);
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, bool, double, double)>(
+          "fk::swiglu");
+  return op.call(a, b, backward_in_place, gate_multiplier, down_multiplier);
 }
 
 // 1-D neighborhood attention: q, k, v (batch, heads, seq_len, head_dim); query i attends the

@@ -17,12 +17,16 @@ void check_swiglu_backward_in_place(const Tensor& grad_c, const Tensor& a, const
 }  // namespace fk::ops
 
 STABLE_TORCH_LIBRARY_FRAGMENT(fk, m) {
-  // silu(a) * b elementwise; a and b of one shape, dtype and device. Output contiguous.
-  // backward_in_place: the backward may write grad_a / grad_b into a's / b's memory (see
-  // python/fk/ops/swiglu.py for when that is safe and when it is skipped).
-  m.def("swiglu(Tensor a, Tensor b, bool backward_in_place=False) -> Tensor");
+  // silu(a * gate_multiplier) * b * down_multiplier elementwise (the multipliers of
+  // Falcon-H1's MLP; 1 by default); a and b of one shape, dtype and device. Output
+  // contiguous. backward_in_place: the backward may write grad_a / grad_b into a's / b's
+  // memory (see python/fk/ops/swiglu.py for when that is safe and when it is skipped).
+  m.def("swiglu(Tensor a, Tensor b, bool backward_in_place=False, float gate_multiplier=1.0, "
+        "float down_multiplier=1.0) -> Tensor");
   // (grad_a, grad_b) of swiglu given grad_c.
-  m.def("_swiglu_backward(Tensor grad_c, Tensor a, Tensor b) -> (Tensor, Tensor)");
+  m.def("_swiglu_backward(Tensor grad_c, Tensor a, Tensor b, float gate_multiplier=1.0, "
+        "float down_multiplier=1.0) -> (Tensor, Tensor)");
   // The same, written into a (grad_a) and b (grad_b); a and b must be contiguous.
-  m.def("_swiglu_backward_(Tensor grad_c, Tensor(a!) a, Tensor(b!) b) -> ()");
+  m.def("_swiglu_backward_(Tensor grad_c, Tensor(a!) a, Tensor(b!) b, "
+        "float gate_multiplier=1.0, float down_multiplier=1.0) -> ()");
 }

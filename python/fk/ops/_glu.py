@@ -2,10 +2,10 @@
 input checks of csrc/ops/glu/glu.h with the same messages, the fake kernels, and the
 autograd formula with the ``backward_in_place`` option.
 
-Each op ``fk::<name>(Tensor a, Tensor b, <extra args>, bool backward_in_place)`` comes with
-``fk::_<name>_backward(grad_c, a, b, <extra args>) -> (grad_a, grad_b)`` and
-``fk::_<name>_backward_(grad_c, a!, b!, <extra args>)``, which writes the gradients into a
-and b. The autograd formula is registered on the public op (its backward needs only a and
+Each op ``fk::<name>(Tensor a, Tensor b, <extra args>)``, one of the extra args ``bool
+backward_in_place``, comes with ``fk::_<name>_backward(grad_c, a, b, <the other extra
+args>) -> (grad_a, grad_b)`` and ``fk::_<name>_backward_(grad_c, a!, b!, <the other extra
+args>)``, which writes the gradients into a and b. The autograd formula is registered on the public op (its backward needs only a and
 b); it calls one of the two backward ops.
 """
 from __future__ import annotations
@@ -97,12 +97,14 @@ def register_autograd(names: OpNames) -> None:
     Otherwise they are new tensors."""
     out_of_place = getattr(torch.ops.fk, f"_{names.name}_backward").default
     in_place = getattr(torch.ops.fk, f"_{names.name}_backward_").default
+    arguments = getattr(torch.ops.fk, names.name).default._schema.arguments
+    flag = [a.name for a in arguments].index("backward_in_place")
 
     def setup_context(ctx, inputs, output):
         a, b = inputs[0], inputs[1]
         ctx.save_for_backward(a, b)
-        ctx.extra = tuple(inputs[2:-1])
-        ctx.in_place = inputs[-1]
+        ctx.extra = tuple(inputs[2:flag]) + tuple(inputs[flag + 1:])
+        ctx.in_place = inputs[flag]
 
     def backward(ctx, grad_c):
         a, b = ctx.saved_tensors

@@ -6,8 +6,10 @@ import torch
 from . import _glu
 
 
-def swiglu(a: torch.Tensor, b: torch.Tensor, backward_in_place: bool = False) -> torch.Tensor:
-    """SwiGLU gate: ``silu(a) * b``, elementwise.
+def swiglu(a: torch.Tensor, b: torch.Tensor, backward_in_place: bool = False,
+           gate_multiplier: float = 1.0, down_multiplier: float = 1.0) -> torch.Tensor:
+    """SwiGLU gate: ``silu(a * gate_multiplier) * b * down_multiplier``, elementwise
+    (``silu(a) * b`` by default).
 
     Args:
         a: gate pre-activations, any shape. float32, bfloat16 or float16 (float64 on CPU).
@@ -20,13 +22,20 @@ def swiglu(a: torch.Tensor, b: torch.Tensor, backward_in_place: bool = False) ->
             higher-order graph, or ``a``/``b`` are non-contiguous or share memory. After an
             in-place backward, an op that saved ``a`` or ``b`` for its own backward raises
             autograd's "modified by an inplace operation" error rather than use them.
+        gate_multiplier, down_multiplier: Falcon-H1's MLP multipliers
+            (``config.mlp_multipliers``): its MLP is ``down_proj(up_proj(x) *
+            silu(gate_proj(x) * gate_multiplier)) * down_multiplier``, which is
+            ``down_proj(swiglu(gate_proj(x), up_proj(x), gate_multiplier=...,
+            down_multiplier=...))`` when ``down_proj`` has no bias (``mlp_bias=False``, its
+            default; with a bias, multiply its output instead). Applied in float32 inside
+            the kernel; with both 1.0 the kernels are those without multipliers.
 
     Returns:
         A new contiguous tensor of ``a``'s shape and dtype. ``silu(a)`` and the product are
         computed in float32 and rounded once. Non-contiguous inputs are copied to contiguous
         memory first. Differentiable in ``a`` and ``b``; the backward recomputes ``silu``.
     """
-    return torch.ops.fk.swiglu(a, b, backward_in_place)
+    return torch.ops.fk.swiglu(a, b, backward_in_place, gate_multiplier, down_multiplier)
 
 
 # --- fake kernels (same checks and messages as csrc/ops/glu/glu.h) and autograd ----------
