@@ -143,6 +143,14 @@ void check_glu() {
   const Tensors ab = {randn({3, 7}), randn({3, 7})};
   gradcheck("swiglu", [](const Tensors& t) { return one(fk::swiglu(t[0], t[1])); }, ab,
             {true, true});
+  gradcheck("swiglu gate_multiplier=0.6 down_multiplier=1.7",
+            [](const Tensors& t) { return one(fk::swiglu(t[0], t[1], false, 0.6, 1.7)); }, ab,
+            {true, true});
+  gradcheck("swiglu multipliers, backward in place",
+            [](const Tensors& t) {
+              return one(fk::swiglu(t[0] * 1.0, t[1] * 1.0, true, 2.5, 0.25));
+            },
+            ab, {true, true});
   for (const char* approximate : {"tanh", "none"}) {
     gradcheck(std::string("geglu approximate=") + approximate,
               [=](const Tensors& t) { return one(fk::geglu(t[0], t[1], approximate)); }, ab,
