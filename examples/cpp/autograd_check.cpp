@@ -384,6 +384,16 @@ void check_swiglu_linear() {
               [=](const Tensors& t) { return one(fk::swiglu_linear(t[0], t[1], t[2], recompute)); },
               {x, wg, wu}, {true, true, true});
   }
+  gradcheck("swiglu_linear gate_multiplier=0.6 down_multiplier=1.7",
+            [](const Tensors& t) {
+              return one(fk::swiglu_linear(t[0], t[1], t[2], false, 0.6, 1.7));
+            },
+            {x, wg, wu}, {true, true, true});
+  gradcheck("swiglu_linear multipliers, recompute",
+            [](const Tensors& t) {
+              return one(fk::swiglu_linear(t[0], t[1], t[2], true, 2.5, 0.25));
+            },
+            {x, wg, wu}, {true, true, true});
   gradcheck("swiglu_linear frozen weights",
             [](const Tensors& t) { return one(fk::swiglu_linear(t[0], t[1], t[2])); },
             {x, wg, wu}, {true, false, false});

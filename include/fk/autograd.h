@@ -973,10 +973,13 @@ class SwigluLinearFunction : public torch::autograd::Function<SwigluLinearFuncti
 
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
                                const at::Tensor& w_gate, const at::Tensor& w_up,
-                               std::array<bool, 2> output_mask) {
+                               std::array<bool, 2> output_mask, double gate_multiplier,
+                               double down_multiplier) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [z, s, t] = call(x, w_gate, w_up, output_mask);
+    auto [z, s, t] = call(x, w_gate, w_up, output_mask, gate_multiplier, down_multiplier);
     ctx->save_for_backward({x, w_gate, w_up, s, t});
+    ctx->saved_data["gate_multiplier"] = gate_multiplier;
+    ctx->saved_data["down_multiplier"] = down_multiplier;
     ctx->set_materialize_grads(false);
     // Without the factors (recompute) the results are z alone: a torch::autograd::Function
     // cannot return undefined tensors (the kernel below returns them).
@@ -994,10 +997,12 @@ class SwigluLinearFunction : public torch::autograd::Function<SwigluLinearFuncti
                need_wu = ctx->needs_input_grad(2);
     return detail::once_differentiable(kOp, grads, {&x, &w_gate, &w_up}, [&](bool create_graph) {
       const at::Tensor& dz = grads[0];
-      if (!dz.defined() || !(need_x || need_wg || need_wu)) return variable_list(4);
+      if (!dz.defined() || !(need_x || need_wg || need_wu)) return variable_list(6);
       at::Tensor s = saved[3], t = saved[4];
       if (!s.defined()) {  // recompute
-        std::tie(std::ignore, s, t) = call(x, w_gate, w_up, {false, true});
+        std::tie(std::ignore, s, t) =
+            call(x, w_gate, w_up, {false, true}, ctx->saved_data["gate_multiplier"].toDouble(),
+                 ctx->saved_data["down_multiplier"].toDouble());
       }
       auto [da, db] = detail::input_grads(
           detail::may_overwrite_saved(create_graph), t, s,
@@ -1023,29 +1028,31 @@ class SwigluLinearFunction : public torch::autograd::Function<SwigluLinearFuncti
         if (need_wg) dwg = at::mm(da2.t(), x2);
         if (need_wu) dwu = at::mm(db2.t(), x2);
       }
-      return variable_list{dx, dwg, dwu, at::Tensor()};
+      return variable_list{dx, dwg, dwu, at::Tensor(), at::Tensor(), at::Tensor()};
     });
   }
 
   // The Autograd kernel of fk::_swiglu_linear_forward.
   static Result kernel(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
-                       std::array<bool, 2> output_mask) {
+                       std::array<bool, 2> output_mask, double gate_multiplier,
+                       double down_multiplier) {
     if (!detail::records({&x, &w_gate, &w_up})) {
       at::AutoDispatchBelowADInplaceOrView guard;
-      return call(x, w_gate, w_up, output_mask);
+      return call(x, w_gate, w_up, output_mask, gate_multiplier, down_multiplier);
     }
-    auto out = apply(x, w_gate, w_up, output_mask);
+    auto out = apply(x, w_gate, w_up, output_mask, gate_multiplier, down_multiplier);
     if (out.size() == 1) return {out[0], at::Tensor(), at::Tensor()};
     return {out[0], out[1], out[2]};
   }
 
  private:
   static Result call(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
-                     std::array<bool, 2> output_mask) {
+                     std::array<bool, 2> output_mask, double gate_multiplier,
+                     double down_multiplier) {
     static const auto op =
         detail::op<Result(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                          std::array<bool, 2>)>("fk::_swiglu_linear_forward");
-    return op.call(x, w_gate, w_up, output_mask);
+                          std::array<bool, 2>, double, double)>("fk::_swiglu_linear_forward");
+    return op.call(x, w_gate, w_up, output_mask, gate_multiplier, down_multiplier);
   }
 
   // (rows, last dim) view of t (a copy only when t's layout does not allow one); also for

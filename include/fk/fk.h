@@ -276,22 +276,25 @@ inline const char* built_torch_version() {
   return version.c_str();
 }
 
-// silu(x @ w_gate^T) * (x @ w_up^T) in one GEMM kernel. x: (..., K); w_gate, w_up: (N, K)
-// (nn.Linear weights) of x's dtype and device; result (..., N). recompute: keep only x and
-// the weights for the backward, which then repeats the forward GEMM.
+// silu(x @ w_gate^T * gate_multiplier) * (x @ w_up^T) * down_multiplier in one GEMM kernel
+// (Falcon-H1's MLP multipliers; 1 by default). x: (..., K); w_gate, w_up: (N, K) (nn.Linear
+// weights) of x's dtype and device; result (..., N). recompute: keep only x and the weights
+// for the backward, which then repeats the forward GEMM.
 inline at::Tensor swiglu_linear(const at::Tensor& x, const at::Tensor& w_gate,
-                                const at::Tensor& w_up, bool recompute = false) {
+                                const at::Tensor& w_up, bool recompute = false,
+                                double gate_multiplier = 1.0, double down_multiplier = 1.0) {
   // fk::swiglu_linear is this call to its internal forward (its composite kernel), which
   // returns (z, s, t); here the factors s, t for the backward are skipped also when grad
   // mode is on but no input requires grad.
   static const auto op =
       detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-          const at::Tensor&, const at::Tensor&, const at::Tensor&, std::array<bool, 2>)>(
-          "fk::_swiglu_linear_forward");
+          const at::Tensor&, const at::Tensor&, const at::Tensor&, std::array<bool, 2>, double,
+          double)>("fk::_swiglu_linear_forward");
   const bool keep_factors =
       !recompute && at::GradMode::is_enabled() &&
       (x.requires_grad() || w_gate.requires_grad() || w_up.requires_grad());
-  return std::get<0>(op.call(x, w_gate, w_up, {true, keep_factors}));
+  return std::get<0>(
+      op.call(x, w_gate, w_up, {true, keep_factors}, gate_multiplier, down_multiplier));
 }
 
 // Softmax over dim, computed in fp32 and rounded to x's dtype (like torch.softmax; a row of
