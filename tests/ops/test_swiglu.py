@@ -128,6 +128,22 @@ def test_bad_input_cpu_and_meta_agree(name, make, msg):
     assert cpu == meta
 
 
+@pytest.mark.parametrize("kw,msg", [
+    (dict(gate_multiplier=float("inf")), "fk::swiglu: gate_multiplier must be finite, got inf"),
+    (dict(down_multiplier=float("nan")), "fk::swiglu: down_multiplier must be finite, got nan"),
+])
+def test_bad_multipliers_cpu_and_meta_agree(kw, msg):
+    cpu, meta = error_lines(lambda d: fk.swiglu(torch.ones(4, device=d), torch.ones(4, device=d),
+                                                **kw), ("cpu", "meta"), msg)
+    assert cpu == meta
+    gm, dm = kw.get("gate_multiplier", 1.0), kw.get("down_multiplier", 1.0)
+    ones = torch.ones(4)
+    with pytest.raises(RuntimeError, match="fk::_swiglu_backward: .* must be finite"):
+        torch.ops.fk._swiglu_backward(ones, ones, ones, gm, dm)
+    with pytest.raises(RuntimeError, match="fk::_swiglu_backward_: .* must be finite"):
+        torch.ops.fk._swiglu_backward_(ones, ones.clone(), ones.clone(), gm, dm)
+
+
 def test_devices_differ():
     with pytest.raises(RuntimeError, match="must be on the same device"):
         fk.swiglu(torch.ones(4), torch.ones(4, device="meta"))
@@ -271,6 +287,10 @@ def test_cuda_bad_input_same_message_as_cpu():
     for name, make, msg in BAD:
         cpu, cuda = error_lines(lambda d: fk.swiglu(*make(d)), ("cpu", "cuda"), msg)
         assert cpu == cuda, name
+    cpu, cuda = error_lines(lambda d: fk.swiglu(torch.ones(4, device=d), torch.ones(4, device=d),
+                                                gate_multiplier=float("inf")),
+                            ("cpu", "cuda"), "gate_multiplier must be finite")
+    assert cpu == cuda
     with pytest.raises(RuntimeError, match="not supported on CUDA"):
         fk.swiglu(torch.ones(4, dtype=torch.float64, device="cuda"),
                   torch.ones(4, dtype=torch.float64, device="cuda"))

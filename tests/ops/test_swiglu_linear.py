@@ -441,6 +441,18 @@ def test_bad_input_cpu_and_meta_agree(name, make, msg):
     assert cpu.startswith("fk::swiglu_linear: ")
 
 
+@pytest.mark.parametrize("gm,dm,name", [(float("inf"), 1.0, "gate_multiplier"),
+                                         (1.0, float("nan"), "down_multiplier")])
+def test_bad_multipliers_cpu_and_meta_agree(gm, dm, name):
+    msg = f"fk::swiglu_linear: {name} must be finite"
+    for grad in (False, True):
+        cpu, meta = error_lines(
+            lambda d: fk.swiglu_linear(_w(d, 2, 8).requires_grad_(grad), _w(d, 4, 8), _w(d, 4, 8),
+                                       gate_multiplier=gm, down_multiplier=dm),
+            ("cpu", "meta"), msg)
+        assert cpu == meta
+
+
 def test_bad_gate_grads_input_cpu_and_meta_agree():
     def call(d):
         return torch.ops.fk._swiglu_linear_gate_grads(_w(d, 3, 5), _w(d, 3, 4), _w(d, 3, 4))

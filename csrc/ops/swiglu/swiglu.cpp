@@ -2,6 +2,8 @@
 // Fake kernels and the autograd formula: python/fk/ops/swiglu.py and python/fk/ops/_glu.py.
 #include "ops/swiglu/swiglu.h"
 
+#include <cmath>
+
 namespace fk::ops {
 
 void check_swiglu(const Tensor& a, const Tensor& b) { glu::check_inputs(kSwigluNames, a, b); }
@@ -12,6 +14,13 @@ void check_swiglu_backward(const Tensor& grad_c, const Tensor& a, const Tensor& 
 
 void check_swiglu_backward_in_place(const Tensor& grad_c, const Tensor& a, const Tensor& b) {
   glu::check_backward_in_place(kSwigluNames, grad_c, a, b);
+}
+
+void check_swiglu_multipliers(const char* op, double gate_multiplier, double down_multiplier) {
+  FK_CHECK(std::isfinite(gate_multiplier), op, ": gate_multiplier must be finite, got ",
+           gate_multiplier);
+  FK_CHECK(std::isfinite(down_multiplier), op, ": down_multiplier must be finite, got ",
+           down_multiplier);
 }
 
 }  // namespace fk::ops

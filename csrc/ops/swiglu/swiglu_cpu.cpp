@@ -9,6 +9,7 @@ namespace {
 // silu(a * gm) * b * dm; gm = dm = 1 skips the multiplications.
 Tensor swiglu_cpu(Tensor a, Tensor b, bool, double gm, double dm) {
   check_swiglu(a, b);
+  check_swiglu_multipliers(kSwigluNames.op, gm, dm);
   const auto acc = checks::acc_type(a);
   auto u = aten::to(a, acc);
   if (gm != 1.0) u = u * gm;
@@ -36,11 +37,13 @@ std::tuple<Tensor, Tensor> swiglu_backward_reference(const Tensor& grad_c, const
 std::tuple<Tensor, Tensor> swiglu_backward_cpu(Tensor grad_c, Tensor a, Tensor b, double gm,
                                                double dm) {
   check_swiglu_backward(grad_c, a, b);
+  check_swiglu_multipliers(kSwigluNames.backward, gm, dm);
   return swiglu_backward_reference(grad_c, a, b, gm, dm);
 }
 
 void swiglu_backward_in_place_cpu(Tensor grad_c, Tensor a, Tensor b, double gm, double dm) {
   check_swiglu_backward_in_place(grad_c, a, b);
+  check_swiglu_multipliers(kSwigluNames.backward_in_place, gm, dm);
   auto [da, db] = swiglu_backward_reference(grad_c, a, b, gm, dm);
   aten::copy_(a, da);
   aten::copy_(b, db);

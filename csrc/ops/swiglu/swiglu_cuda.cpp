@@ -25,6 +25,7 @@ glu::Scalars multipliers(double gate_multiplier, double down_multiplier) {
 
 Tensor swiglu_cuda(Tensor a, Tensor b, bool, double gate_multiplier, double down_multiplier) {
   check_swiglu(a, b);
+  check_swiglu_multipliers(kSwigluNames.op, gate_multiplier, down_multiplier);
   return glu::forward(kSwigluNames.op, forward_kernels(), a, b,
                       multipliers(gate_multiplier, down_multiplier));
 }
@@ -33,6 +34,7 @@ std::tuple<Tensor, Tensor> swiglu_backward_cuda(Tensor grad_c, Tensor a, Tensor 
                                                 double gate_multiplier,
                                                 double down_multiplier) {
   check_swiglu_backward(grad_c, a, b);
+  check_swiglu_multipliers(kSwigluNames.backward, gate_multiplier, down_multiplier);
   return glu::backward(kSwigluNames.backward, backward_kernels(), grad_c, a, b,
                        multipliers(gate_multiplier, down_multiplier));
 }
@@ -40,6 +42,7 @@ std::tuple<Tensor, Tensor> swiglu_backward_cuda(Tensor grad_c, Tensor a, Tensor 
 void swiglu_backward_in_place_cuda(Tensor grad_c, Tensor a, Tensor b, double gate_multiplier,
                                    double down_multiplier) {
   check_swiglu_backward_in_place(grad_c, a, b);
+  check_swiglu_multipliers(kSwigluNames.backward_in_place, gate_multiplier, down_multiplier);
   glu::backward_in_place(kSwigluNames.backward_in_place, backward_kernels(), grad_c, a, b,
                          multipliers(gate_multiplier, down_multiplier));
 }

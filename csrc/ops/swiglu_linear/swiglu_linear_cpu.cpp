@@ -3,6 +3,7 @@
 // precision, each output rounded once to x's dtype. The backward's elementwise step likewise
 // (da = dz * t, db = dz * s, one rounding); its products run through torch in the autograd
 // formula, as on CUDA.
+#include "ops/swiglu/swiglu.h"
 #include "ops/swiglu_linear/swiglu_linear.h"
 #include "runtime/checks.h"
 
@@ -22,6 +23,7 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_linear_forward_cpu(Tensor x, Tensor w_
                                                              std::vector<bool> output_mask,
                                                              double gm, double dm) {
   check_swiglu_linear(x, w_gate, w_up);
+  check_swiglu_multipliers("fk::swiglu_linear", gm, dm);
   const auto acc = checks::acc_type(x);
   const auto dtype = x.scalar_type();
   auto sizes = sizes_vec(x);

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "ops/glu/glu_cuda.h"
+#include "ops/swiglu/swiglu.h"
 #include "ops/swiglu_linear/swiglu_linear.h"
 #include "runtime/checks.h"
 #include "runtime/kernels.h"
@@ -46,6 +47,7 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_linear_forward_cuda(Tensor x, Tensor w
                                                               double down_multiplier) {
   constexpr const char* op = "fk::swiglu_linear";
   check_swiglu_linear(x, w_gate, w_up);
+  check_swiglu_multipliers(op, gate_multiplier, down_multiplier);
   auto x2 = as_rows(x);
   auto wg = aten::contiguous(w_gate), wu = aten::contiguous(w_up);
   const int64_t m = x2.size(0), k = x2.size(1), n = wg.size(0);

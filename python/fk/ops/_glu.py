@@ -50,15 +50,19 @@ def check_backward_in_place(names: OpNames, grad_c, a, b) -> None:
 
 def register_fakes(names: OpNames, check_extra=lambda *extra: None) -> None:
     """Fake kernels of the three ops; `check_extra(*extra_args)` checks the op's own
-    arguments (geglu's `approximate`) after the tensor checks. The forward's fake kernel may
-    get fewer arguments than its schema has (the defaults left out), so `check_extra` takes
-    the schema's defaults."""
-    n_extra = len(getattr(torch.ops.fk, names.name).default._schema.arguments) - 3
+    arguments (geglu's `approximate`, swiglu's multipliers: every argument but a, b and
+    backward_in_place, in schema order) after the tensor checks. The forward's fake kernel
+    may get fewer arguments than its schema has (the defaults left out); those are filled
+    in from the schema."""
+    arguments = getattr(torch.ops.fk, names.name).default._schema.arguments
+    flag = [a.name for a in arguments].index("backward_in_place")
+    defaults = [a.default_value for a in arguments]
 
     @torch.library.register_fake(names.op)
     def _forward_fake(a, b, *args):
         check_inputs(names, a, b)
-        check_extra(*args[:n_extra])
+        full = list(args) + defaults[2 + len(args):]
+        check_extra(*(full[:flag - 2] + full[flag - 1:]))
         return torch.empty_like(a, memory_format=torch.contiguous_format)
 
     @torch.library.register_fake(names.backward)

@@ -1,9 +1,12 @@
 """fk.swiglu. Autograd: registered on fk::swiglu itself (its backward needs only a and b),
 by python/fk/ops/_glu.py; the backward calls fk::_swiglu_backward, or fk::_swiglu_backward_
 to write the gradients into a's and b's memory (backward_in_place)."""
+import math
+
 import torch
 
-from . import _glu
+from . import _checks as c, _glu
+from .cross_entropy import number_text
 
 
 def swiglu(a: torch.Tensor, b: torch.Tensor, backward_in_place: bool = False,
@@ -41,5 +44,13 @@ def swiglu(a: torch.Tensor, b: torch.Tensor, backward_in_place: bool = False,
 # --- fake kernels (same checks and messages as csrc/ops/glu/glu.h) and autograd ----------
 
 NAMES = _glu.OpNames("swiglu")
-_glu.register_fakes(NAMES)
+
+
+def check_multipliers(op, gate_multiplier=1.0, down_multiplier=1.0):
+    """csrc/ops/swiglu/swiglu.cpp check_swiglu_multipliers: the same messages."""
+    for name, v in (("gate_multiplier", gate_multiplier), ("down_multiplier", down_multiplier)):
+        c.check(math.isfinite(v), op, ": ", name, " must be finite, got ", number_text(v))
+
+
+_glu.register_fakes(NAMES, lambda *m: check_multipliers(NAMES.op, *m))
 _glu.register_autograd(NAMES)

@@ -10,6 +10,7 @@ import torch
 
 from . import _autocast, _autograd, _checks as c
 from ._glu import can_write_grads_into_inputs
+from .swiglu import check_multipliers
 
 
 def swiglu_linear(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
@@ -103,6 +104,7 @@ def check_swiglu_linear_gate_grads_in_place(grad_out, t, s):
 @torch.library.register_fake("fk::_swiglu_linear_forward")
 def _forward_fake(x, w_gate, w_up, output_mask, gate_multiplier=1.0, down_multiplier=1.0):
     check_swiglu_linear(x, w_gate, w_up)
+    check_multipliers("fk::swiglu_linear", gate_multiplier, down_multiplier)
     shape = (*x.shape[:-1], w_gate.shape[0])
 
     def make(want):
