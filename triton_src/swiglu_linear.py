@@ -12,8 +12,8 @@ fp32. With ``store_saved`` it also writes the two factors backward needs,
     t = b * silu'(a)                 (the da factor: da = dz * t)
 rounded to the input dtype. The sigmoid is evaluated once, here. The SCALED variants take
 Falcon-H1's multipliers: z = silu(gm a) * b * dm, s = dm silu(gm a), t = gm dm b silu'(gm a)
-(so the backward's kernel and products are unchanged); the plain ones ignore gm and dm. ``store_z`` and
-``store_saved`` are run-time switches, so one kernel serves training (z, s, t), inference
+(so the backward's kernel and products are unchanged); the plain ones ignore gm and dm.
+``store_z`` and ``store_saved`` are run-time switches, so one kernel serves training (z, s, t), inference
 (z) and the backward's recompute (s, t). An aligned 16-bit variant can instead use
 ``swiglu_linear_fwd_tma_kernel`` (operand tiles through TMA descriptors built on the
 device); which one an arch uses is data in ``_CONFIGS`` below.

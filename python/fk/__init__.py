@@ -45,8 +45,8 @@ __version__ = "0.1.0"
 cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
 __all__ = ["CrossEntropyOutput", "cross_entropy", "dyt", "fused_add_rms_norm",
-           "fused_linear_cross_entropy", "fused_linear_jsd", "geglu", "group_norm", "jsd", "kl_div", "layer_norm",
-           "llama4_rope", "neighborhood_attention", "poly_norm", "qwen2vl_mrope", "rms_norm",
+           "fused_linear_cross_entropy", "fused_linear_jsd", "geglu", "group_norm", "jsd",
+           "kl_div", "layer_norm", "llama4_rope", "neighborhood_attention", "poly_norm", "qwen2vl_mrope", "rms_norm",
            "rope", "rope_", "softmax", "sparsemax", "swiglu", "swiglu_linear", "tvd",
            "nn", "build_info", "cmake_prefix_path"]
 

@@ -5,8 +5,8 @@ autograd formula with the ``backward_in_place`` option.
 Each op ``fk::<name>(Tensor a, Tensor b, <extra args>)``, one of the extra args ``bool
 backward_in_place``, comes with ``fk::_<name>_backward(grad_c, a, b, <the other extra
 args>) -> (grad_a, grad_b)`` and ``fk::_<name>_backward_(grad_c, a!, b!, <the other extra
-args>)``, which writes the gradients into a and b. The autograd formula is registered on the public op (its backward needs only a and
-b); it calls one of the two backward ops.
+args>)``, which writes the gradients into a and b. The autograd formula is registered on
+the public op (its backward needs only a and b); it calls one of the two backward ops.
 """
 from __future__ import annotations
 
