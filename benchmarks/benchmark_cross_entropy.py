@@ -51,9 +51,22 @@ def liger_cross_entropy():
                                                         None, False)[0]
 
 
+def liger_cross_entropy_accuracy():
+    # The same with return_token_accuracy (its kernel then tracks each row's argmax).
+    from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
+    return lambda x, t: LigerCrossEntropyFunction.apply(x, t, None, -100, 0.0, 0.0, "mean",
+                                                        None, False, True)[0]
+
+
 def fk_cross_entropy():
     import fk
     return fk.cross_entropy
+
+
+def fk_cross_entropy_accuracy():
+    # The kernel variant that tracks each row's argmax (token accuracy from it).
+    import fk
+    return lambda x, t: fk.cross_entropy(x, t, return_token_accuracy=True).loss
 
 
 def fk_cross_entropy_separate_grad():
@@ -82,6 +95,8 @@ def main():
         "liger": liger_cross_entropy,
         "fk": fk_cross_entropy,
         "fk (separate grad)": fk_cross_entropy_separate_grad,
+        "liger (+ token accuracy)": liger_cross_entropy_accuracy,
+        "fk (+ token accuracy)": fk_cross_entropy_accuracy,
     }
     shape = f"(tokens, {v}) mean"
 

@@ -91,12 +91,15 @@ def main():
     print(f"torch copy 1 GiB: {2 * big.numel() / ms / 1e6:6.0f} GB/s")
     del big, big2
 
-    def fwd(block, warps, programs, general=0, write_grad=1, ls=0.0, weight=None):
+    pred = torch.empty(m, device="cuda", dtype=torch.long)
+
+    def fwd(block, warps, programs, general=0, write_grad=1, ls=0.0, weight=None, extra=0):
+        """extra: the EXTRA variant (general), with the argmax into pred (no token scaling)."""
         grid = (min(m, programs),)
         return lambda: K.cross_entropy_fwd_kernel[grid](
             x, x, t, w if weight is not None else loss, ones, loss, z, v, v, m, v, -100, ls,
-            0.0, 1.0, int(weight is not None), 0, write_grad, BLOCK=block,
-            GENERAL=general, PER_SM=1, CHUNKS=1, num_warps=warps)
+            0.0, 1.0, int(weight is not None), 0, write_grad, pred, 0, BLOCK=block,
+            GENERAL=general or extra, PER_SM=1, CHUNKS=1, EXTRA=extra, num_warps=warps)
 
     def report(name, fn, traffic):
         try:
@@ -142,6 +145,12 @@ def main():
         for gwarps in (8, 16):
             report(f"fwd+grad general (weight, smoothing) BLOCK={gblock} warps={gwarps}",
                    fwd(gblock, gwarps, sms, general=1, ls=0.1, weight=w), nbytes)
+            # The argmax (token accuracy, predicted tokens) costs against the same variant
+            # without it.
+            report(f"fwd+grad general, no options BLOCK={gblock} warps={gwarps}",
+                   fwd(gblock, gwarps, sms, general=1), nbytes)
+            report(f"fwd+grad general + argmax (EXTRA) BLOCK={gblock} warps={gwarps}",
+                   fwd(gblock, gwarps, sms, extra=1), nbytes)
 
     grad1 = torch.ones((), device="cuda")
     grad2 = torch.full((), 0.5, device="cuda")

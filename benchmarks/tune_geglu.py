@@ -47,9 +47,9 @@ def main():
     for block, warps in ((2048, 8),):
         grid = (triton.cdiv(n, block),)
         report(f"swiglu fwd block={block} warps={warps}", bench(lambda: S.swiglu_fwd_kernel[grid](
-            a, b, c, n, BLOCK=block, num_warps=warps)), 3 * t)
+            a, b, c, n, 1.0, 1.0, BLOCK=block, SCALED=0, num_warps=warps)), 3 * t)
         report(f"swiglu bwd block={block} warps={warps}", bench(lambda: S.swiglu_bwd_kernel[grid](
-            dc, a, b, da, db, n, BLOCK=block, num_warps=warps)), 5 * t)
+            dc, a, b, da, db, n, 1.0, 1.0, BLOCK=block, SCALED=0, num_warps=warps)), 5 * t)
     for mode, approx in K.MODES.items():
         for block in (1024, 2048, 4096):
             for warps in (4, 8, 16):

@@ -103,10 +103,11 @@ def round_toward_zero(t, dtype):
     return bits.view(torch.float32).to(torch.bfloat16)
 
 
-def ref_swiglu(a, b, cast=round_nearest):
-    """silu(a) * b in float64, rounded once to a's dtype with `cast`."""
-    a64, b64 = a.double(), b.double()
-    out = a64 / (1 + torch.exp(-a64)) * b64
+def ref_swiglu(a, b, cast=round_nearest, gate_multiplier=1.0, down_multiplier=1.0):
+    """silu(a * gate_multiplier) * b * down_multiplier in float64, rounded once to a's dtype
+    with `cast`."""
+    a64, b64 = a.double() * gate_multiplier, b.double()
+    out = a64 / (1 + torch.exp(-a64)) * b64 * down_multiplier
     return out.to(a.dtype) if a.dtype == torch.float64 else cast(out.float(), a.dtype)
 
 
@@ -197,10 +198,12 @@ def misaligned(t: torch.Tensor) -> torch.Tensor:
 # --- cross entropy (fk.cross_entropy, fk.fused_linear_cross_entropy) ---------------------
 
 def ref_cross_entropy(logits, target, weight=None, ignore_index=-100, label_smoothing=0.0,
-                      reduction="mean", lse_square_scale=0.0, softcap=None):
+                      reduction="mean", lse_square_scale=0.0, softcap=None, token_scaling=False):
     """(loss, z_loss) in float64: torch's F.cross_entropy of the softcapped logits
     (softcap * tanh(logits / softcap)), plus the z-loss lse_square_scale * logsumexp^2 of
-    each non-ignored row, summed, averaged over non-ignored rows ("mean") or per row."""
+    each non-ignored row, summed, averaged over non-ignored rows ("mean") or per row.
+    token_scaling: each row's loss and z-loss times its softmax probability of the target,
+    detached; the mean's denominators stay the (weighted) counts of non-ignored rows."""
     import torch.nn.functional as F
 
     x = logits.double()
@@ -208,13 +211,42 @@ def ref_cross_entropy(logits, target, weight=None, ignore_index=-100, label_smoo
         x = softcap * torch.tanh(x / softcap)
     keep = target != ignore_index
     z = torch.where(keep, lse_square_scale * torch.logsumexp(x, -1) ** 2, 0.0)
-    ce = F.cross_entropy(x, target, None if weight is None else weight.double(),
-                         ignore_index=ignore_index, label_smoothing=label_smoothing,
-                         reduction=reduction)
+    w = None if weight is None else weight.double()
+    if token_scaling:
+        ce = F.cross_entropy(x, target, w, ignore_index=ignore_index,
+                             label_smoothing=label_smoothing, reduction="none")
+        y = torch.where(keep, target, 0)
+        p = torch.softmax(x.detach(), -1).gather(1, y[:, None])[:, 0]
+        ce, z = ce * p, z * p
+        if reduction == "none":
+            return ce + z, z
+        if reduction == "mean":
+            den = keep.sum() if w is None else w[y][keep].sum()
+            ce, z = ce.sum() / den, z.sum() / keep.sum()
+        else:
+            ce, z = ce.sum(), z.sum()
+        return ce + z, z
+    ce = F.cross_entropy(x, target, w, ignore_index=ignore_index,
+                         label_smoothing=label_smoothing, reduction=reduction)
     if reduction == "none":
         return ce + z, z
     z = z.sum() if reduction == "sum" else z.sum() / keep.sum()
     return ce + z, z
+
+
+def ref_token_accuracy(logits, target, ignore_index=-100, reduction="mean", softcap=None):
+    """(token_accuracy, predicted_tokens) in plain torch: the argmax of each row of the
+    softcapped logits in float32 (torch.argmax: the first maximum), -100 for ignored rows;
+    per row 1.0 / 0.0 for "none", else the fraction of non-ignored rows predicted right."""
+    x = logits.float()
+    if softcap is not None:
+        x = softcap * torch.tanh(x / softcap)
+    keep = target != ignore_index
+    pred = torch.where(keep, x.argmax(-1), -100)
+    right = ((pred == target) & keep).float()
+    if reduction == "none":
+        return right, pred
+    return right.sum() / keep.sum().float(), pred
 
 
 def ref_fused_linear_cross_entropy(x, weight, target, bias=None, ce_weight=None, **kwargs):

@@ -200,16 +200,7 @@ def test_cross_entropy_losses():
                                                 lse_square_scale=1e-3), atol=0, rtol=0)
     out = LT.LigerCrossEntropyLoss(return_z_loss=True, lse_square_scale=1e-3)(logits.clone(), t)
     assert isinstance(out, LT.CrossEntropyOutput) and out.z_loss is not None
-    assert out.token_accuracy is None
-    for kw in (dict(return_token_accuracy=True), dict(return_predicted_tokens=True)):
-        with pytest.raises(NotImplementedError, match=list(kw)[0]):
-            LT.LigerCrossEntropyLoss(**kw)
-        with pytest.raises(NotImplementedError, match=list(kw)[0]):
-            LT.LigerFusedLinearCrossEntropyLoss(**kw)
-        with pytest.raises(NotImplementedError, match=list(kw)[0]):
-            LF.liger_cross_entropy(logits, t, **kw)
-    with pytest.raises(NotImplementedError, match="use_token_scaling"):
-        LT.LigerFusedLinearCrossEntropyLoss(use_token_scaling=True)
+    assert out.token_accuracy is None and out.predicted_tokens is None
     x, w = _x(6, 8, seed=1), _x(11, 8, seed=2)
     flce = LT.LigerFusedLinearCrossEntropyLoss(reduction="sum", softcap=3.0)
     torch.testing.assert_close(flce(w, x, t), fk.fused_linear_cross_entropy(
@@ -222,6 +213,56 @@ def test_cross_entropy_losses():
     xb, wb = x.bfloat16(), w.bfloat16()
     assert LF.liger_fused_linear_cross_entropy(xb, wb, t).dtype == torch.float32
     assert LT.LigerFusedLinearCrossEntropyLoss()(wb, xb, t).dtype == torch.float32
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_cross_entropy_extra_outputs_and_token_scaling(reduction):
+    """Token accuracy, predicted tokens and token scaling pass through to fk's ops (the same
+    values; Liger marks an ignored row's prediction -1, fk -100)."""
+    logits, t = _x(6, 11), torch.tensor([1, 2, -100, 4, 5, 0])
+    logits[0, 1] = 9.0  # row 0 predicted right
+    want = fk.cross_entropy(logits.clone(), t, reduction=reduction, lse_square_scale=1e-3,
+                            return_z_loss=True, return_token_accuracy=True,
+                            return_predicted_tokens=True)
+    liger_pred = want.predicted_tokens.clone()
+    liger_pred[2] = -1
+    assert int(want.predicted_tokens[2]) == -100 and int(liger_pred[0]) == 1
+
+    def check(out, z=True, acc=True, pred=True):
+        assert isinstance(out, LT.CrossEntropyOutput)
+        torch.testing.assert_close(out.loss, want.loss, atol=0, rtol=0)
+        assert (out.z_loss is not None) == z and (out.token_accuracy is not None) == acc
+        assert (out.predicted_tokens is not None) == pred
+        if acc:
+            torch.testing.assert_close(out.token_accuracy, want.token_accuracy, atol=0, rtol=0)
+        if pred:
+            assert torch.equal(out.predicted_tokens, liger_pred)
+
+    kw = dict(reduction=reduction, lse_square_scale=1e-3)
+    check(LT.LigerCrossEntropyLoss(return_z_loss=True, return_token_accuracy=True,
+                                   return_predicted_tokens=True, **kw)(logits.clone(), t))
+    check(LT.LigerCrossEntropyLoss(return_token_accuracy=True, **kw)(logits.clone(), t),
+          z=False, pred=False)
+    check(LF.liger_cross_entropy(logits.clone(), t, return_predicted_tokens=True, **kw),
+          z=False, acc=False)
+
+    x, w = _x(6, 8, seed=1), _x(11, 8, seed=2)
+    x[0] = 0.5 * w[1]  # row 0's logits peak at its target
+    for scaling in (False, True):
+        want = fk.fused_linear_cross_entropy(
+            x, w, t, reduction=reduction, lse_square_scale=1e-3, return_z_loss=True,
+            loss_dtype=torch.float32, use_token_scaling=scaling, return_token_accuracy=True,
+            return_predicted_tokens=True)
+        liger_pred = want.predicted_tokens.clamp(min=-1)
+        check(LT.LigerFusedLinearCrossEntropyLoss(
+            return_z_loss=True, use_token_scaling=scaling, return_token_accuracy=True,
+            return_predicted_tokens=True, **kw)(w, x, t))
+        check(LF.liger_fused_linear_cross_entropy(
+            x, w, t, use_token_scaling=scaling, return_token_accuracy=True, **kw),
+            z=False, pred=False)
+        plain = LF.liger_fused_linear_cross_entropy(x, w, t, use_token_scaling=scaling, **kw)
+        torch.testing.assert_close(plain, want.loss, atol=0, rtol=0)
+    assert LT.LigerFusedLinearCrossEntropyLoss(use_token_scaling=True).use_token_scaling
 
 
 def test_distillation_losses():

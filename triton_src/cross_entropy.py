@@ -18,6 +18,12 @@ of that row's loss, written in the logits' dtype:
   A   = ((1 - ls) * w_y + (ls / V) * sum_j w_j) / D_w + 2 * s * lse / D_n
   (times 1 - tanh^2(x_j / c) with a softcap; D_w = D_n = 1 unless "mean")
 
+The EXTRA variants (general ones, one program per row) also write each row's argmax over
+the (softcapped) logits, its first maximum as torch.argmax, tracked in pass 1's online
+max (IGNORED_PREDICTION for an ignored row), and with token_scaling != 0 multiply the row's
+loss, z-loss and gradient by p_y = softmax(x)_y (taken as a constant: Liger Kernel's token
+scaling).
+
 Ignored rows get loss 0 (0 / D, so NaN when every row is ignored, like torch) and a zero
 gradient row; a target outside [0, V) that is not ignore_index gives NaN (loss and
 gradient of that row, and D, so a "mean" is NaN): there is no host check to raise.
@@ -50,7 +56,14 @@ from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
 # plain variant has none of them and keeps pass 2 to an FMA, an exp and a multiply per element.
 FLAG_GENERAL = 2
 
+# Variant flag (with FLAG_GENERAL): the argmax of each row into pred_ptr and the run-time
+# switch token_scaling; one program per row.
+FLAG_EXTRA = 4
+
 REDUCTION_NONE, REDUCTION_MEAN, REDUCTION_SUM = 0, 1, 2
+
+# The predicted token written for an ignored row.
+IGNORED_PREDICTION = tl.constexpr(-100)
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -163,9 +176,9 @@ def _grad_block(raw, lanes, start, y, lse2, a, c_y, c_w, softcap, inv_cap, weigh
 def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, loss_ptr, z_ptr,
                              x_stride, grad_stride, M, V, ignore_index, label_smoothing,
                              lse_square_scale, softcap, has_weight, has_softcap, write_grad,
-                             BLOCK: tl.constexpr,
+                             pred_ptr, token_scaling, BLOCK: tl.constexpr,
                              GENERAL: tl.constexpr, PER_SM: tl.constexpr,
-                             CHUNKS: tl.constexpr):
+                             CHUNKS: tl.constexpr, EXTRA: tl.constexpr):
     gdtype = grad_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
@@ -194,6 +207,8 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
     smoothing = label_smoothing > 0.0
     inv_cap = 1.0 / softcap
     exchanges = 0  # this program's exchanges so far (CHUNKS > 1)
+    # The EXTRA variants (argmax, token scaling) run one program per row.
+    tl.static_assert((EXTRA == 0) | (CHUNKS == 1))
     if CHUNKS > 1:
         rank = _cluster_arrive(rank)
     for row in range(first, M, step):
@@ -209,6 +224,8 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
             if rank == 0:
                 tl.store(loss_ptr + row, 0.0 * inv_dw)
                 tl.store(z_ptr + row, 0.0 * inv_dn)
+                if EXTRA:
+                    tl.store(pred_ptr + row, IGNORED_PREDICTION)
         else:
             valid = (y >= 0) & (y < V)
             y_safe = tl.where(valid, y, 0)
@@ -229,6 +246,7 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
             d = 0.0
             sx = 0.0
             sw = 0.0
+            arg = tl.full((), 0, tl.int32)  # EXTRA: the first column holding the max so far
             for start in range(c0, c1, BLOCK):
                 cols = start + lanes
                 mask = cols < c1
@@ -244,7 +262,13 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
                             w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
                         sx += tl.sum(tl.where(mask, w * x, 0.0), axis=0)
                         sw += tl.sum(w, axis=0)
-                m_new = tl.maximum(m, tl.max(x, axis=0))
+                block_max = tl.max(x, axis=0)
+                if EXTRA:
+                    # The block's first column holding its max replaces the argmax only for
+                    # a strictly larger max: the first max of the row, as torch.argmax.
+                    block_arg = tl.min(tl.where(x == block_max, cols, V), axis=0)
+                    arg = tl.where(block_max > m, block_arg, arg)
+                m_new = tl.maximum(m, block_max)
                 m2 = tl.where(m_new == -float("inf"), 0.0, m_new) * LOG2E
                 d = d * tl.exp2(m * LOG2E - m2) + tl.sum(tl.exp2(x * LOG2E - m2), axis=0)
                 m = m_new
@@ -281,9 +305,21 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
             c_y = (1.0 - label_smoothing) * w_y * inv_dw
             z = lse_square_scale * lse * lse
             a = a + 2.0 * lse_square_scale * lse * inv_dn
+            if EXTRA:
+                if token_scaling != 0:
+                    # The row's loss (and so its gradient) times p_y = softmax(x)_y, a
+                    # constant of the gradient.
+                    p_y = tl.exp2((x_y - lse) * LOG2E)
+                    ce = ce * p_y
+                    z = z * p_y
+                    a = a * p_y
+                    c_y = c_y * p_y
+                    c_w = c_w * p_y
             if rank == 0:
                 tl.store(loss_ptr + row, ce * inv_dw + z * inv_dn)
                 tl.store(z_ptr + row, z * inv_dn)
+                if EXTRA:
+                    tl.store(pred_ptr + row, arg.to(tl.int64))
 
             # Pass 2: re-read the row and write the gradient, last block first (the
             # blocks pass 1 read last are the likeliest still in L2); each thread reads its
@@ -413,7 +449,8 @@ _ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 _FWD_ARGS = ("x_ptr", "grad_ptr", "target_ptr", "weight_ptr", "den_ptr", "loss_ptr", "z_ptr",
              "x_stride", "grad_stride", "M", "V", "ignore_index", "label_smoothing",
-             "lse_square_scale", "softcap", "has_weight", "has_softcap", "write_grad")
+             "lse_square_scale", "softcap", "has_weight", "has_softcap", "write_grad",
+             "pred_ptr", "token_scaling")
 _SCALE_ARGS = ("src_ptr", "dst_ptr", "g_ptr", "g_stride", "src_stride", "dst_stride", "M", "V",
                "in_place")
 _DEN_ARGS = ("target_ptr", "weight_ptr", "den_ptr", "N", "V", "ignore_index", "has_weight")
@@ -423,7 +460,8 @@ _TYPES = {"target_ptr": "*i64", "weight_ptr": "*fp32", "den_ptr": "*fp32", "loss
           "M": "i64", "N": "i64",
           "V": "i32", "ignore_index": "i64", "label_smoothing": "fp32",
           "lse_square_scale": "fp32", "softcap": "fp32", "has_weight": "i32",
-          "has_softcap": "i32", "write_grad": "i32", "in_place": "i32"}
+          "has_softcap": "i32", "write_grad": "i32", "in_place": "i32", "pred_ptr": "*i64",
+          "token_scaling": "i32"}
 # Integer arguments that are multiples of 16 in an aligned variant (row lengths, strides).
 _ALIGNED_INTS = ("x_stride", "grad_stride", "src_stride", "dst_stride", "V")
 
@@ -448,13 +486,13 @@ def variants(arch: int) -> list:
                                    flags=flags, divisible_by_16=aligned_args(sig, flags, extra),
                                    cluster=cluster, maxnreg=maxnreg))
 
-            for general in (0, FLAG_GENERAL):
+            for general in (0, FLAG_GENERAL, FLAG_GENERAL | FLAG_EXTRA):
                 kind = "general" if general else ("plain" if aligned else "unaligned")
                 for bucket, table in ((SMALL, cfg["small"]), (LARGE, cfg[kind])):
                     block, warps, per_sm, chunks, maxnreg = (table[_ELEM[dt]] + (1, 0))[:5]
                     add("cross_entropy_fwd", "cross_entropy_fwd_kernel", _FWD_ARGS, bucket,
                         {"BLOCK": block, "GENERAL": int(general != 0), "PER_SM": per_sm,
-                         "CHUNKS": chunks},
+                         "CHUNKS": chunks, "EXTRA": int((general & FLAG_EXTRA) != 0)},
                         warps, aligned | general, chunks, maxnreg)
             block, warps, per_sm = cfg["scale"]
             add("cross_entropy_scale", "cross_entropy_scale_kernel", _SCALE_ARGS, block,

@@ -10,8 +10,10 @@ fp32 accumulators (a = x Wg^T, b = x Wu^T) fed by the same x tile, SiLU-mul epil
 fp32. With ``store_saved`` it also writes the two factors backward needs,
     s = silu(a)                      (the db factor: db = dz * s)
     t = b * silu'(a)                 (the da factor: da = dz * t)
-rounded to the input dtype. The sigmoid is evaluated once, here. ``store_z`` and
-``store_saved`` are run-time switches, so one kernel serves training (z, s, t), inference
+rounded to the input dtype. The sigmoid is evaluated once, here. The SCALED variants take
+Falcon-H1's multipliers: z = silu(gm a) * b * dm, s = dm silu(gm a), t = gm dm b silu'(gm a)
+(so the backward's kernel and products are unchanged); the plain ones ignore gm and dm.
+``store_z`` and ``store_saved`` are run-time switches, so one kernel serves training (z, s, t), inference
 (z) and the backward's recompute (s, t). An aligned 16-bit variant can instead use
 ``swiglu_linear_fwd_tma_kernel`` (operand tiles through TMA descriptors built on the
 device); which one an arch uses is data in ``_CONFIGS`` below.
@@ -34,6 +36,9 @@ import triton
 import triton.language as tl
 
 from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+
+# Variant flag of the forward: the multipliers apply.
+FLAG_SCALED = 2
 
 
 @triton.jit
@@ -76,10 +81,17 @@ def _silu_factors(a, b):
 
 @triton.jit
 def _fwd_epilogue(acc_g, acc_u, z_ptr, s_ptr, t_ptr, row0, col0, M, N, store_z, store_saved,
-                  dtype, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                  gate_mult, down_mult, dtype, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SCALED: tl.constexpr):
     """SiLU-mul of the two accumulators; z and / or the backward factors s, t stored (the
     switches are part of the store masks: no branch)."""
-    z, s, t = _silu_factors(acc_g, acc_u)
+    if SCALED:
+        z, s, t = _silu_factors(acc_g * gate_mult, acc_u)
+        z = z * down_mult
+        s = s * down_mult
+        t = t * (gate_mult * down_mult)
+    else:
+        z, s, t = _silu_factors(acc_g, acc_u)
     rm = tl.arange(0, BLOCK_M)
     rn = tl.arange(0, BLOCK_N)
     off = row0.to(tl.int64) * N + col0 + (rm[:, None] * N + rn[None, :])
@@ -91,9 +103,10 @@ def _fwd_epilogue(acc_g, acc_u, z_ptr, s_ptr, t_ptr, row0, col0, M, N, store_z, 
 
 @triton.jit
 def swiglu_linear_fwd_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K, store_z,
-                             store_saved, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                             PER_SM: tl.constexpr):
+                             store_saved, gate_mult, down_mult, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             GROUP_M: tl.constexpr, PER_SM: tl.constexpr,
+                             SCALED: tl.constexpr):
     dtype = x_ptr.dtype.element_ty
     pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     row0 = pid_m * BLOCK_M
@@ -122,7 +135,7 @@ def swiglu_linear_fwd_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K
         wg_ptrs += BLOCK_K
         wu_ptrs += BLOCK_K
     _fwd_epilogue(acc_g, acc_u, z_ptr, s_ptr, t_ptr, row0, col0, M, N, store_z, store_saved,
-                  dtype, BLOCK_M, BLOCK_N)
+                  gate_mult, down_mult, dtype, BLOCK_M, BLOCK_N, SCALED)
 
 
 # --- TMA version (16-bit dtypes, aligned variants only) --------------------------------
@@ -139,9 +152,10 @@ def swiglu_linear_fwd_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K
 
 @triton.jit
 def swiglu_linear_fwd_tma_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K, store_z,
-                                 store_saved, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                                 PER_SM: tl.constexpr):
+                                 store_saved, gate_mult, down_mult, BLOCK_M: tl.constexpr,
+                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                 GROUP_M: tl.constexpr, PER_SM: tl.constexpr,
+                                 SCALED: tl.constexpr):
     """P programs walk the tiles pid, pid + P, ... in the grouped order. The launcher starts
     one program per tile (PER_SM 0: one step each) or PER_SM per SM (a persistent grid:
     each program builds its descriptors once, and the tiles running together share operand
@@ -162,7 +176,7 @@ def swiglu_linear_fwd_tma_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, 
             acc_g = _dot(xt, wg_desc.load([col0, k * BLOCK_K]).T, acc_g)
             acc_u = _dot(xt, wu_desc.load([col0, k * BLOCK_K]).T, acc_u)
         _fwd_epilogue(acc_g, acc_u, z_ptr, s_ptr, t_ptr, row0, col0, M, N, store_z,
-                      store_saved, dtype, BLOCK_M, BLOCK_N)
+                      store_saved, gate_mult, down_mult, dtype, BLOCK_M, BLOCK_N, SCALED)
 
 
 # --- backward: the gate gradients ------------------------------------------------------
@@ -226,8 +240,9 @@ _ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
 GATE_GRADS_BLOCK, GATE_GRADS_WARPS = 2048, 8
 
 FWD_ARGS = ("x_ptr", "wg_ptr", "wu_ptr", "z_ptr", "s_ptr", "t_ptr", "M", "N", "K", "store_z",
-            "store_saved")
-_INT_ARGS = {"M": "i32", "N": "i32", "K": "i32", "store_z": "i32", "store_saved": "i32"}
+            "store_saved", "gate_mult", "down_mult")
+_SCALAR_ARGS = {"M": "i32", "N": "i32", "K": "i32", "store_z": "i32", "store_saved": "i32",
+             "gate_mult": "fp32", "down_mult": "fp32"}
 
 
 def configs(arch: int) -> dict:
@@ -237,8 +252,9 @@ def configs(arch: int) -> dict:
 
 
 def fwd_signature(dt: str) -> dict:
-    sig = {a: _INT_ARGS.get(a, f"*{dt}") for a in FWD_ARGS}
-    sig.update({c: "constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PER_SM")})
+    sig = {a: _SCALAR_ARGS.get(a, f"*{dt}") for a in FWD_ARGS}
+    sig.update({c: "constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PER_SM",
+                                         "SCALED")})
     return sig
 
 
@@ -264,12 +280,14 @@ def variants(arch: int) -> list:
         for flags in (0, FLAG_ALIGNED):
             kernel = kernel_name(style, flags)
             per_sm = programs_per_sm(style, kernel)
-            out.append(Variant(family="swiglu_linear_fwd", kernel=kernel,
-                               dtype=dt, block=bm, signature=fwd_sig,
-                               constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                                           "GROUP_M": group, "PER_SM": per_sm},
-                               num_warps=warps, num_stages=stages, flags=flags,
-                               divisible_by_16=aligned_args(fwd_sig, flags, ("N", "K"))))
+            for scaled in (0, FLAG_SCALED):
+                out.append(Variant(family="swiglu_linear_fwd", kernel=kernel,
+                                   dtype=dt, block=bm, signature=fwd_sig,
+                                   constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                                               "GROUP_M": group, "PER_SM": per_sm,
+                                               "SCALED": int(scaled != 0)},
+                                   num_warps=warps, num_stages=stages, flags=flags | scaled,
+                                   divisible_by_16=aligned_args(fwd_sig, flags, ("N", "K"))))
             out.append(Variant(family="swiglu_linear_gate_grads",
                                kernel="swiglu_linear_gate_grads_kernel", dtype=dt,
                                block=GATE_GRADS_BLOCK, signature=gate_sig,

@@ -74,20 +74,26 @@ class Problem:
         compiled for one CTA a program either way). kernel: another JIT function of the
         forward's form (default: the library's); args: its arguments after the two logits
         pointers (default: self.args()); x0: logits of the dtype to compile for (default:
-        self.x0, bf16)."""
+        self.x0, bf16). A kernel of the library's current form (with the EXTRA variants'
+        arguments) gets them too, for the plain variant: pred_ptr unused, no token scaling,
+        EXTRA 0."""
         kernel = kernel or ce.cross_entropy_fwd_kernel
         head = self.args() if args is None else args
+        extra = {}
+        if "EXTRA" in kernel.arg_names and len(head) == len(self.args()):
+            head = head + (self.t, 0)
+            extra = {"EXTRA": 0}
         x0 = self.x0 if x0 is None else x0
         ctas = rows_at_once * chunks
         k = kernel.warmup(x0, x0, *head, grid=(ctas,), num_warps=warps, BLOCK=block, GENERAL=0,
-                          PER_SM=1, CHUNKS=chunks, maxnreg=maxnreg)
+                          PER_SM=1, CHUNKS=chunks, maxnreg=maxnreg, **extra)
         k._init_handles()
         grid = (ctas, 1, 1)
         if chunks > 1:
             k.packed_metadata = (k.metadata.num_warps, chunks, k.metadata.shared)
             grid = (rows_at_once, 1, 1)
         self.regs = (k.n_regs, k.n_spills)
-        return lambda x: k[grid](x, x, *head, block, 0, 1, chunks)
+        return lambda x: k[grid](x, x, *head, block, 0, 1, chunks, *extra.values())
 
     @staticmethod
     def load_source(name, path):

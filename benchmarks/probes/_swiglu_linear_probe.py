@@ -64,9 +64,9 @@ class Problem:
         assert style == "persistent"
         tiles = triton.cdiv(self.m, bm) * triton.cdiv(self.n, bn)
         return lambda: K.swiglu_linear_fwd_tma_kernel[(min(tiles, self.sms),)](
-            self.x, self.wg, self.wu, *self.outs, self.m, self.n, self.k, *store, BLOCK_M=bm,
-            BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PER_SM=1, num_warps=warps,
-            num_stages=stages)
+            self.x, self.wg, self.wu, *self.outs, self.m, self.n, self.k, *store, 1.0, 1.0,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PER_SM=1, SCALED=0,
+            num_warps=warps, num_stages=stages)
 
     def fused_outputs(self, name):
         """(got, want) of a fused form: z, s, t for a name ending in "zst", else z."""

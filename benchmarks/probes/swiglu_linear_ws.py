@@ -67,7 +67,7 @@ def fused_ws_kernel(x_ptr, wg_ptr, wu_ptr, z_ptr, s_ptr, t_ptr, M, N, K_, store_
             acc_g = tl.dot(xt, wg_desc.load([col0, k * BLOCK_K]).T, acc_g)
             acc_u = tl.dot(xt, wu_desc.load([col0, k * BLOCK_K]).T, acc_u)
         K._fwd_epilogue(acc_g, acc_u, z_ptr, s_ptr, t_ptr, row0, col0, M, N, store_z,
-                        store_saved, dtype, BLOCK_M, BLOCK_N)
+                        store_saved, 1.0, 1.0, dtype, BLOCK_M, BLOCK_N, False)
 
 
 def main():

@@ -143,6 +143,14 @@ void check_glu() {
   const Tensors ab = {randn({3, 7}), randn({3, 7})};
   gradcheck("swiglu", [](const Tensors& t) { return one(fk::swiglu(t[0], t[1])); }, ab,
             {true, true});
+  gradcheck("swiglu gate_multiplier=0.6 down_multiplier=1.7",
+            [](const Tensors& t) { return one(fk::swiglu(t[0], t[1], false, 0.6, 1.7)); }, ab,
+            {true, true});
+  gradcheck("swiglu multipliers, backward in place",
+            [](const Tensors& t) {
+              return one(fk::swiglu(t[0] * 1.0, t[1] * 1.0, true, 2.5, 0.25));
+            },
+            ab, {true, true});
   for (const char* approximate : {"tanh", "none"}) {
     gradcheck(std::string("geglu approximate=") + approximate,
               [=](const Tensors& t) { return one(fk::geglu(t[0], t[1], approximate)); }, ab,
@@ -376,6 +384,16 @@ void check_swiglu_linear() {
               [=](const Tensors& t) { return one(fk::swiglu_linear(t[0], t[1], t[2], recompute)); },
               {x, wg, wu}, {true, true, true});
   }
+  gradcheck("swiglu_linear gate_multiplier=0.6 down_multiplier=1.7",
+            [](const Tensors& t) {
+              return one(fk::swiglu_linear(t[0], t[1], t[2], false, 0.6, 1.7));
+            },
+            {x, wg, wu}, {true, true, true});
+  gradcheck("swiglu_linear multipliers, recompute",
+            [](const Tensors& t) {
+              return one(fk::swiglu_linear(t[0], t[1], t[2], true, 2.5, 0.25));
+            },
+            {x, wg, wu}, {true, true, true});
   gradcheck("swiglu_linear frozen weights",
             [](const Tensors& t) { return one(fk::swiglu_linear(t[0], t[1], t[2])); },
             {x, wg, wu}, {true, false, false});
@@ -445,6 +463,27 @@ void check_cross_entropy() {
     fail(what_dtype, "the loss or the gradient depends on loss_dtype");
   } else {
     ok(what_dtype);
+  }
+
+  // Token accuracy and predicted tokens: the argmax of each row (-100 where ignored), no
+  // gradient; the loss and its gradient as without them.
+  const std::string what_extra = "cross_entropy token accuracy and predicted tokens";
+  at::Tensor c = logits.to(at::kFloat).requires_grad_(true);
+  const auto out = fk::cross_entropy_outputs(c * 1.0, target, std::nullopt, -100, 0.0, "mean",
+                                             0.0, std::nullopt, true, std::nullopt, true, true);
+  out.loss.backward();
+  const at::Tensor keep = target.ne(-100);
+  const at::Tensor want_pred = at::where(keep, logits.to(at::kFloat).argmax(1),
+                                         at::full_like(target, -100));
+  const at::Tensor want_acc =
+      at::logical_and(want_pred.eq(target), keep).to(at::kFloat).sum() / keep.sum();
+  if (out.z_loss.scalar_type() != at::kFloat || !at::equal(out.predicted_tokens, want_pred) ||
+      !at::allclose(out.token_accuracy, want_acc) || out.token_accuracy.requires_grad()) {
+    fail(what_extra, "wrong predicted tokens or accuracy");
+  } else if (!at::equal(out.loss, loss_default) || !at::equal(c.grad(), a.grad())) {
+    fail(what_extra, "the loss or the gradient depends on the extra outputs");
+  } else {
+    ok(what_extra);
   }
 }
 
@@ -519,6 +558,33 @@ void check_fused_linear_cross_entropy() {
                                                     std::nullopt, -100, 0.0, reduction));
         },
         {x, w}, 0);
+  }
+  // Token scaling: the loss times p_y (a constant of the gradient), checked against a
+  // plain ATen reference with p_y detached.
+  for (const char* reduction : {"mean", "none"}) {
+    const std::string what =
+        std::string("fused_linear_cross_entropy token scaling ") + reduction;
+    at::Tensor xs = x.clone().requires_grad_(true);
+    at::Tensor xr = x.clone().requires_grad_(true);
+    const auto out = fk::fused_linear_cross_entropy_outputs(
+        xs, w, target, b, std::nullopt, -100, 0.0, reduction, 0.0, std::nullopt, 2,
+        std::nullopt, std::nullopt, /*use_token_scaling=*/true, false, true);
+    const at::Tensor logits = at::linear(xr, w, b);
+    const at::Tensor keep = target.ne(-100);
+    const at::Tensor y = at::where(keep, target, at::zeros_like(target)).unsqueeze(1);
+    const at::Tensor p = logits.detach().softmax(1).gather(1, y).squeeze(1);
+    at::Tensor ref = at::cross_entropy_loss(logits, target, {}, at::Reduction::None) * p;
+    if (std::string(reduction) == "mean") ref = ref.sum() / keep.sum();
+    const at::Tensor g = at::ones_like(ref);
+    out.loss.backward(g);
+    ref.backward(g);
+    if (!at::allclose(out.loss, ref, 1e-5, 1e-6) ||
+        !at::allclose(xs.grad(), xr.grad(), 1e-4, 1e-6) ||
+        out.predicted_tokens.size(0) != 5 || out.token_accuracy.defined()) {
+      fail(what, "differs from the reference");
+    } else {
+      ok(what);
+    }
   }
 }
 

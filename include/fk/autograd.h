@@ -144,6 +144,16 @@ inline bool plain_eager(std::initializer_list<const at::Tensor*> tensors) {
   return true;
 }
 
+// The defined tensors of ts (outputs that may be left undefined, for
+// mark_non_differentiable).
+inline variable_list defined(std::initializer_list<at::Tensor> ts) {
+  variable_list out;
+  for (const at::Tensor& t : ts) {
+    if (t.defined()) out.push_back(t);
+  }
+  return out;
+}
+
 // Marks t as modified in place, so that anything that saved it for its backward raises
 // autograd's "modified by an inplace operation" error instead of reading the new values.
 inline void bump_version(const at::Tensor& t) { t.unsafeGetTensorImpl()->bump_version(); }
@@ -185,51 +195,59 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
   static constexpr const char* kOp = "fk::swiglu";
 
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
-                            bool backward_in_place) {
+                            bool backward_in_place, double gate_multiplier,
+                            double down_multiplier) {
     at::AutoDispatchBelowADInplaceOrView guard;
     ctx->save_for_backward({a, b});
     ctx->saved_data["in_place"] = backward_in_place;
-    return call(a, b, backward_in_place);
+    ctx->saved_data["gate_multiplier"] = gate_multiplier;
+    ctx->saved_data["down_multiplier"] = down_multiplier;
+    return call(a, b, backward_in_place, gate_multiplier, down_multiplier);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     at::Tensor a = saved[0], b = saved[1];
     const bool in_place = ctx->saved_data["in_place"].toBool();
+    const double gm = ctx->saved_data["gate_multiplier"].toDouble();
+    const double dm = ctx->saved_data["down_multiplier"].toDouble();
     return detail::once_differentiable(kOp, grads, {&a, &b}, [&](bool create_graph) {
       auto [da, db] = detail::input_grads(
           in_place && detail::may_overwrite_saved(create_graph), a, b,
           [&] {
             static const auto op =
-                detail::op<void(const at::Tensor&, at::Tensor&, at::Tensor&)>(
+                detail::op<void(const at::Tensor&, at::Tensor&, at::Tensor&, double, double)>(
                     "fk::_swiglu_backward_");
-            op.call(grads[0], a, b);
+            op.call(grads[0], a, b, gm, dm);
           },
           [&] {
             static const auto op =
                 detail::op<std::tuple<at::Tensor, at::Tensor>(
-                    const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+                    const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double)>(
                     "fk::_swiglu_backward");
-            return op.call(grads[0], a, b);
+            return op.call(grads[0], a, b, gm, dm);
           });
-      return variable_list{da, db, at::Tensor()};
+      return variable_list{da, db, at::Tensor(), at::Tensor(), at::Tensor()};
     });
   }
 
   // The Autograd kernel of fk::swiglu.
-  static at::Tensor kernel(const at::Tensor& a, const at::Tensor& b, bool backward_in_place) {
+  static at::Tensor kernel(const at::Tensor& a, const at::Tensor& b, bool backward_in_place,
+                           double gate_multiplier, double down_multiplier) {
     if (!detail::records({&a, &b})) {
       at::AutoDispatchBelowADInplaceOrView guard;
-      return call(a, b, backward_in_place);
+      return call(a, b, backward_in_place, gate_multiplier, down_multiplier);
     }
-    return apply(a, b, backward_in_place);
+    return apply(a, b, backward_in_place, gate_multiplier, down_multiplier);
   }
 
  private:
-  static at::Tensor call(const at::Tensor& a, const at::Tensor& b, bool backward_in_place) {
+  static at::Tensor call(const at::Tensor& a, const at::Tensor& b, bool backward_in_place,
+                         double gate_multiplier, double down_multiplier) {
     static const auto op =
-        detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, bool)>("fk::swiglu");
-    return op.call(a, b, backward_in_place);
+        detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, bool, double, double)>(
+            "fk::swiglu");
+    return op.call(a, b, backward_in_place, gate_multiplier, down_multiplier);
   }
 };
 
@@ -955,10 +973,13 @@ class SwigluLinearFunction : public torch::autograd::Function<SwigluLinearFuncti
 
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
                                const at::Tensor& w_gate, const at::Tensor& w_up,
-                               std::array<bool, 2> output_mask) {
+                               std::array<bool, 2> output_mask, double gate_multiplier,
+                               double down_multiplier) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [z, s, t] = call(x, w_gate, w_up, output_mask);
+    auto [z, s, t] = call(x, w_gate, w_up, output_mask, gate_multiplier, down_multiplier);
     ctx->save_for_backward({x, w_gate, w_up, s, t});
+    ctx->saved_data["gate_multiplier"] = gate_multiplier;
+    ctx->saved_data["down_multiplier"] = down_multiplier;
     ctx->set_materialize_grads(false);
     // Without the factors (recompute) the results are z alone: a torch::autograd::Function
     // cannot return undefined tensors (the kernel below returns them).
@@ -976,10 +997,12 @@ class SwigluLinearFunction : public torch::autograd::Function<SwigluLinearFuncti
                need_wu = ctx->needs_input_grad(2);
     return detail::once_differentiable(kOp, grads, {&x, &w_gate, &w_up}, [&](bool create_graph) {
       const at::Tensor& dz = grads[0];
-      if (!dz.defined() || !(need_x || need_wg || need_wu)) return variable_list(4);
+      if (!dz.defined() || !(need_x || need_wg || need_wu)) return variable_list(6);
       at::Tensor s = saved[3], t = saved[4];
       if (!s.defined()) {  // recompute
-        std::tie(std::ignore, s, t) = call(x, w_gate, w_up, {false, true});
+        std::tie(std::ignore, s, t) =
+            call(x, w_gate, w_up, {false, true}, ctx->saved_data["gate_multiplier"].toDouble(),
+                 ctx->saved_data["down_multiplier"].toDouble());
       }
       auto [da, db] = detail::input_grads(
           detail::may_overwrite_saved(create_graph), t, s,
@@ -1005,29 +1028,31 @@ class SwigluLinearFunction : public torch::autograd::Function<SwigluLinearFuncti
         if (need_wg) dwg = at::mm(da2.t(), x2);
         if (need_wu) dwu = at::mm(db2.t(), x2);
       }
-      return variable_list{dx, dwg, dwu, at::Tensor()};
+      return variable_list{dx, dwg, dwu, at::Tensor(), at::Tensor(), at::Tensor()};
     });
   }
 
   // The Autograd kernel of fk::_swiglu_linear_forward.
   static Result kernel(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
-                       std::array<bool, 2> output_mask) {
+                       std::array<bool, 2> output_mask, double gate_multiplier,
+                       double down_multiplier) {
     if (!detail::records({&x, &w_gate, &w_up})) {
       at::AutoDispatchBelowADInplaceOrView guard;
-      return call(x, w_gate, w_up, output_mask);
+      return call(x, w_gate, w_up, output_mask, gate_multiplier, down_multiplier);
     }
-    auto out = apply(x, w_gate, w_up, output_mask);
+    auto out = apply(x, w_gate, w_up, output_mask, gate_multiplier, down_multiplier);
     if (out.size() == 1) return {out[0], at::Tensor(), at::Tensor()};
     return {out[0], out[1], out[2]};
   }
 
  private:
   static Result call(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
-                     std::array<bool, 2> output_mask) {
+                     std::array<bool, 2> output_mask, double gate_multiplier,
+                     double down_multiplier) {
     static const auto op =
         detail::op<Result(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                          std::array<bool, 2>)>("fk::_swiglu_linear_forward");
-    return op.call(x, w_gate, w_up, output_mask);
+                          std::array<bool, 2>, double, double)>("fk::_swiglu_linear_forward");
+    return op.call(x, w_gate, w_up, output_mask, gate_multiplier, down_multiplier);
   }
 
   // (rows, last dim) view of t (a copy only when t's layout does not allow one); also for
@@ -1099,42 +1124,45 @@ inline at::Tensor scale_stored_grad(const char* op, at::Tensor stored,
 // backward raise too.
 class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFunction> {
  public:
-  using Result = std::tuple<at::Tensor, at::Tensor>;
+  // (loss, z_loss, token_accuracy, predicted_tokens), the last two undefined unless asked.
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
   static constexpr const char* kOp = "fk::cross_entropy";
 
   static variable_list forward(AutogradContext* ctx, const at::Tensor& logits,
                                const at::Tensor& target, const std::optional<at::Tensor>& weight,
                                int64_t ignore_index, double label_smoothing,
                                c10::string_view reduction, double lse_square_scale,
-                               std::optional<double> softcap, bool grad_in_logits) {
+                               std::optional<double> softcap, bool grad_in_logits, bool extras) {
     ctx->set_materialize_grads(false);
     at::AutoDispatchBelowADInplaceOrView guard;
-    at::Tensor loss, z, grad;
+    at::Tensor loss, z, grad, acc, pred;
     if (grad_in_logits && detail::plain_eager({&logits, &target})) {
       // The gradient goes into the logits, or into the one contiguous copy of them.
       at::Tensor x = logits.is_contiguous() ? logits : logits.contiguous();
       static const auto op =
           detail::op<Result(at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                            int64_t, double, c10::string_view, double, std::optional<double>)>(
-              "fk::_cross_entropy_forward_");
-      std::tie(loss, z) = op.call(x, target, weight, ignore_index, label_smoothing, reduction,
-                                  lse_square_scale, softcap);
+                            int64_t, double, c10::string_view, double, std::optional<double>,
+                            bool)>("fk::_cross_entropy_forward_");
+      std::tie(loss, z, acc, pred) = op.call(x, target, weight, ignore_index, label_smoothing,
+                                             reduction, lse_square_scale, softcap, extras);
       if (x.is_same(logits)) detail::bump_version(logits);
       grad = x;
     } else {
-      std::tie(loss, z, grad) = forward_op(logits, target, weight, ignore_index,
-                                           label_smoothing, reduction, lse_square_scale,
-                                           softcap, true);
+      std::tie(loss, z, grad, acc, pred) =
+          forward_op(logits, target, weight, ignore_index, label_smoothing, reduction,
+                     lse_square_scale, softcap, true, extras);
     }
     ctx->save_for_backward({grad});
-    // z_loss is part of loss already and is returned for logging: no gradient through it.
-    ctx->mark_non_differentiable({z});
-    return {loss, z};
+    // z_loss is part of loss already and is returned for logging, the token accuracy and
+    // predicted tokens are metrics: no gradient through them.
+    ctx->mark_non_differentiable(detail::defined({z, acc, pred}));
+    // Undefined outputs are left out (a C++ Function cannot return them).
+    return detail::defined({loss, z, acc, pred});
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list out(9);
-    // No grad_output for the loss: only z_loss was used, and it carries no gradient.
+    variable_list out(10);
+    // No grad_output for the loss: only the outputs without a gradient were used.
     if (!grads[0].defined()) return out;
     out[0] = detail::scale_stored_grad(kOp, ctx->get_saved_variables()[0], grads[0]);
     return out;
@@ -1145,34 +1173,46 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
                        const std::optional<at::Tensor>& weight, int64_t ignore_index,
                        double label_smoothing, c10::string_view reduction,
                        double lse_square_scale, std::optional<double> softcap,
-                       bool grad_in_logits, std::optional<at::ScalarType> loss_dtype) {
+                       bool grad_in_logits, std::optional<at::ScalarType> loss_dtype,
+                       bool return_token_accuracy, bool return_predicted_tokens) {
     const auto dtype = detail::loss_output_dtype(kOp, logits, loss_dtype);
+    const bool extras = return_token_accuracy || return_predicted_tokens;
+    at::Tensor loss, z, acc, pred;
     if (!at::GradMode::is_enabled() || !logits.requires_grad()) {
       // No gradient wanted (class weights are not differentiated, as in torch): losses only.
       at::AutoDispatchBelowADInplaceOrView guard;
-      auto [loss, z, grad] = forward_op(logits, target, weight, ignore_index, label_smoothing,
-                                        reduction, lse_square_scale, softcap, false);
-      return {loss.to(dtype), z.to(dtype)};
+      std::tie(loss, z, std::ignore, acc, pred) =
+          forward_op(logits, target, weight, ignore_index, label_smoothing, reduction,
+                     lse_square_scale, softcap, false, extras);
+    } else {
+      auto out = apply(logits, target, weight, ignore_index, label_smoothing, reduction,
+                       lse_square_scale, softcap, grad_in_logits, extras);
+      loss = out[0], z = out[1];
+      if (extras) {
+        acc = out[2];
+        pred = out[3];
+      }
     }
-    auto out = apply(logits, target, weight, ignore_index, label_smoothing, reduction,
-                     lse_square_scale, softcap, grad_in_logits);
     // Rounded once to the output dtype; autograd casts grad_output back to float32.
-    return {out[0].to(dtype), out[1].to(dtype)};
+    return {loss.to(dtype), z.to(dtype), return_token_accuracy ? acc : at::Tensor(),
+            return_predicted_tokens ? pred : at::Tensor()};
   }
 
  private:
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_op(
-      const at::Tensor& logits, const at::Tensor& target,
-      const std::optional<at::Tensor>& weight, int64_t ignore_index, double label_smoothing,
-      c10::string_view reduction, double lse_square_scale, std::optional<double> softcap,
-      bool compute_grad) {
+  using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+  static Forward forward_op(const at::Tensor& logits, const at::Tensor& target,
+                            const std::optional<at::Tensor>& weight, int64_t ignore_index,
+                            double label_smoothing, c10::string_view reduction,
+                            double lse_square_scale, std::optional<double> softcap,
+                            bool compute_grad, bool extras) {
     static const auto op =
-        detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-            const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t,
-            double, c10::string_view, double, std::optional<double>, bool)>(
+        detail::op<Forward(const at::Tensor&, const at::Tensor&,
+                           const std::optional<at::Tensor>&, int64_t, double, c10::string_view,
+                           double, std::optional<double>, bool, bool)>(
             "fk::_cross_entropy_forward");
     return op.call(logits, target, weight, ignore_index, label_smoothing, reduction,
-                   lse_square_scale, softcap, compute_grad);
+                   lse_square_scale, softcap, compute_grad, extras);
   }
 };
 
@@ -1384,7 +1424,8 @@ class TvdFunction : public torch::autograd::Function<TvdFunction> {
 class FusedLinearCrossEntropyFunction
     : public torch::autograd::Function<FusedLinearCrossEntropyFunction> {
  public:
-  using Result = std::tuple<at::Tensor, at::Tensor>;
+  // (loss, z_loss, token_accuracy, predicted_tokens), the last two undefined unless asked.
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
   static constexpr const char* kOp = "fk::fused_linear_cross_entropy";
 
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
@@ -1395,18 +1436,19 @@ class FusedLinearCrossEntropyFunction
                                double lse_square_scale, std::optional<double> softcap,
                                std::optional<int64_t> chunk_size,
                                std::optional<at::ScalarType> accum_dtype,
-                               std::array<bool, 3> grad_mask) {
+                               std::array<bool, 3> grad_mask, bool use_token_scaling,
+                               bool extras) {
     ctx->set_materialize_grads(false);
     const bool deferred = reduction == "none";
     const std::array<bool, 3> now =
         deferred ? std::array<bool, 3>{false, false, false} : grad_mask;
-    at::Tensor loss, z, gx, gw, gb;
+    at::Tensor loss, z, gx, gw, gb, acc, pred;
     {
       at::AutoDispatchBelowADInplaceOrView guard;
-      std::tie(loss, z, gx, gw, gb) =
+      std::tie(loss, z, gx, gw, gb, acc, pred) =
           forward_op(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
                      reduction, lse_square_scale, softcap, chunk_size, accum_dtype, now,
-                     std::nullopt);
+                     std::nullopt, use_token_scaling, extras);
     }
     ctx->saved_data["deferred"] = deferred;
     if (deferred) {
@@ -1420,18 +1462,21 @@ class FusedLinearCrossEntropyFunction
       ctx->saved_data["accum_dtype"] =
           accum_dtype.has_value() ? static_cast<int64_t>(*accum_dtype) : int64_t{-1};
       ctx->saved_data["grad_mask"] = std::vector<bool>(grad_mask.begin(), grad_mask.end());
+      ctx->saved_data["use_token_scaling"] = use_token_scaling;
     } else {
       ctx->save_for_backward({gx, gw, gb});
     }
-    // z_loss is part of loss already and is returned for logging: no gradient through it.
-    ctx->mark_non_differentiable({z});
-    return {loss, z};
+    // z_loss is part of loss already and is returned for logging, the token accuracy and
+    // predicted tokens are metrics: no gradient through them.
+    ctx->mark_non_differentiable(detail::defined({z, acc, pred}));
+    // Undefined outputs are left out (a C++ Function cannot return them).
+    return detail::defined({loss, z, acc, pred});
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list out(13);
+    variable_list out(15);
     const at::Tensor& g = grads[0];
-    // No grad_output for the loss: only z_loss was used, and it carries no gradient.
+    // No grad_output for the loss: only the outputs without a gradient were used.
     if (!g.defined()) return out;
     auto saved = ctx->get_saved_variables();
     if (ctx->saved_data["deferred"].toBool()) {
@@ -1442,7 +1487,7 @@ class FusedLinearCrossEntropyFunction
       {
         at::NoGradGuard no_grad;
         at::AutoDispatchBelowADInplaceOrView guard;
-        std::tie(std::ignore, std::ignore, gx, gw, gb) = forward_op(
+        std::tie(std::ignore, std::ignore, gx, gw, gb, std::ignore, std::ignore) = forward_op(
             saved[0], saved[1], saved[2], detail::optional(saved[3]),
             detail::optional(saved[4]), ctx->saved_data["ignore_index"].toInt(),
             ctx->saved_data["label_smoothing"].toDouble(), "none",
@@ -1451,7 +1496,8 @@ class FusedLinearCrossEntropyFunction
             ctx->saved_data["chunk_size"].toOptional<int64_t>(),
             accum < 0 ? std::nullopt
                       : std::optional<at::ScalarType>(static_cast<at::ScalarType>(accum)),
-            {mask[0], mask[1], mask[2]}, g);
+            {mask[0], mask[1], mask[2]}, g, ctx->saved_data["use_token_scaling"].toBool(),
+            false);
       }
       if (create_graph) {
         const variable_list marked = detail::raise_when_differentiated(kOp, {gx, gw, gb});
@@ -1476,28 +1522,40 @@ class FusedLinearCrossEntropyFunction
                        double lse_square_scale, std::optional<double> softcap,
                        std::optional<int64_t> chunk_size,
                        std::optional<at::ScalarType> accum_dtype,
-                       std::optional<at::ScalarType> loss_dtype) {
+                       std::optional<at::ScalarType> loss_dtype, bool use_token_scaling,
+                       bool return_token_accuracy, bool return_predicted_tokens) {
     const auto dtype = detail::loss_output_dtype(kOp, x, loss_dtype);
+    const bool extras = return_token_accuracy || return_predicted_tokens;
     const bool grad_mode = at::GradMode::is_enabled();
     const std::array<bool, 3> mask = {
         grad_mode && x.requires_grad(), grad_mode && weight.requires_grad(),
         grad_mode && bias.has_value() && bias->defined() && bias->requires_grad()};
+    at::Tensor loss, z, acc, pred;
     if (!mask[0] && !mask[1] && !mask[2]) {
       // No gradient wanted (ce_weight is not differentiated): losses only.
       at::AutoDispatchBelowADInplaceOrView guard;
-      auto r = forward_op(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
-                          reduction, lse_square_scale, softcap, chunk_size, accum_dtype,
-                          {false, false, false}, std::nullopt);
-      return {std::get<0>(r).to(dtype), std::get<1>(r).to(dtype)};
+      std::tie(loss, z, std::ignore, std::ignore, std::ignore, acc, pred) =
+          forward_op(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
+                     reduction, lse_square_scale, softcap, chunk_size, accum_dtype,
+                     {false, false, false}, std::nullopt, use_token_scaling, extras);
+    } else {
+      auto out = apply(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
+                       reduction, lse_square_scale, softcap, chunk_size, accum_dtype, mask,
+                       use_token_scaling, extras);
+      loss = out[0], z = out[1];
+      if (extras) {
+        acc = out[2];
+        pred = out[3];
+      }
     }
-    auto out = apply(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
-                     reduction, lse_square_scale, softcap, chunk_size, accum_dtype, mask);
     // Rounded once to the output dtype; autograd casts grad_output back to float32.
-    return {out[0].to(dtype), out[1].to(dtype)};
+    return {loss.to(dtype), z.to(dtype), return_token_accuracy ? acc : at::Tensor(),
+            return_predicted_tokens ? pred : at::Tensor()};
   }
 
  private:
-  using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+  using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                             at::Tensor, at::Tensor>;
 
   static Forward forward_op(const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& target, const std::optional<at::Tensor>& bias,
@@ -1507,16 +1565,18 @@ class FusedLinearCrossEntropyFunction
                             std::optional<int64_t> chunk_size,
                             std::optional<at::ScalarType> accum_dtype,
                             std::array<bool, 3> grad_mask,
-                            const std::optional<at::Tensor>& grad_rows) {
+                            const std::optional<at::Tensor>& grad_rows, bool use_token_scaling,
+                            bool extras) {
     static const auto op =
         detail::op<Forward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                            const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                            int64_t, double, c10::string_view, double, std::optional<double>,
                            std::optional<int64_t>, std::optional<at::ScalarType>,
-                           std::array<bool, 3>, const std::optional<at::Tensor>&)>(
+                           std::array<bool, 3>, const std::optional<at::Tensor>&, bool, bool)>(
             "fk::_fused_linear_cross_entropy_forward");
     return op.call(x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
-                   lse_square_scale, softcap, chunk_size, accum_dtype, grad_mask, grad_rows);
+                   lse_square_scale, softcap, chunk_size, accum_dtype, grad_mask, grad_rows,
+                   use_token_scaling, extras);
   }
 };
 

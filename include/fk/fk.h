@@ -31,14 +31,17 @@ c10::TypedOperatorHandle<Signature> op(const char* name) {
 
 }  // namespace detail
 
-// silu(a) * b, elementwise. a and b: same shape, dtype (float32 / bfloat16 / float16, or
+// silu(a * gate_multiplier) * b * down_multiplier, elementwise (Falcon-H1's MLP multipliers;
+// silu(a) * b by default). a and b: same shape, dtype (float32 / bfloat16 / float16, or
 // float64 on CPU) and device. backward_in_place: the backward may write the gradients into
 // a's and b's memory (for intermediates nothing else reads, e.g. inside an MLP).
 inline at::Tensor swiglu(const at::Tensor& a, const at::Tensor& b,
-                         bool backward_in_place = false) {
+                         bool backward_in_place = false, double gate_multiplier = 1.0,
+                         double down_multiplier = 1.0) {
   static const auto op =
-      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, bool)>("fk::swiglu");
-  return op.call(a, b, backward_in_place);
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, bool, double, double)>(
+          "fk::swiglu");
+  return op.call(a, b, backward_in_place, gate_multiplier, down_multiplier);
 }
 
 // 1-D neighborhood attention: q, k, v (batch, heads, seq_len, head_dim); query i attends the
@@ -94,14 +97,49 @@ inline at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targ
                                 double lse_square_scale = 0.0,
                                 std::optional<double> softcap = std::nullopt,
                                 bool grad_in_logits = true,
-                                std::optional<at::ScalarType> loss_dtype = std::nullopt) {
+                                std::optional<at::ScalarType> loss_dtype = std::nullopt);
+
+// What cross_entropy_outputs and fused_linear_cross_entropy_outputs return; the outputs not
+// asked for are undefined tensors.
+struct CrossEntropyOutput {
+  at::Tensor loss;
+  at::Tensor z_loss;          // the z-loss part of loss, reduced like it (no gradient)
+  at::Tensor token_accuracy;  // float32: the fraction of non-ignored rows whose argmax is
+                              // the target (NaN without any); per row for "none"
+  at::Tensor predicted_tokens;  // (N,) int64 argmax of each row, -100 for ignored rows
+};
+
+// cross_entropy with every output: the loss, the z-loss, and where asked for the token
+// accuracy and the predicted tokens (the argmax over the softcapped logits, the first
+// maximum as torch.argmax, from the forward's own pass; neither has a gradient).
+inline CrossEntropyOutput cross_entropy_outputs(
+    const at::Tensor& logits, const at::Tensor& target,
+    const std::optional<at::Tensor>& weight = std::nullopt, int64_t ignore_index = -100,
+    double label_smoothing = 0.0, const std::string& reduction = "mean",
+    double lse_square_scale = 0.0, std::optional<double> softcap = std::nullopt,
+    bool grad_in_logits = true, std::optional<at::ScalarType> loss_dtype = std::nullopt,
+    bool return_token_accuracy = false, bool return_predicted_tokens = false) {
   static const auto op =
-      detail::op<std::tuple<at::Tensor, at::Tensor>(
+      detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
           const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t,
           double, c10::string_view, double, std::optional<double>, bool,
-          std::optional<at::ScalarType>)>("fk::cross_entropy");
-  return std::get<0>(op.call(logits, target, weight, ignore_index, label_smoothing, reduction,
-                             lse_square_scale, softcap, grad_in_logits, loss_dtype));
+          std::optional<at::ScalarType>, bool, bool)>("fk::cross_entropy");
+  auto [loss, z, acc, pred] =
+      op.call(logits, target, weight, ignore_index, label_smoothing, reduction,
+              lse_square_scale, softcap, grad_in_logits, loss_dtype, return_token_accuracy,
+              return_predicted_tokens);
+  return {loss, z, acc, pred};
+}
+
+inline at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target,
+                                const std::optional<at::Tensor>& weight, int64_t ignore_index,
+                                double label_smoothing, const std::string& reduction,
+                                double lse_square_scale, std::optional<double> softcap,
+                                bool grad_in_logits, std::optional<at::ScalarType> loss_dtype) {
+  return cross_entropy_outputs(logits, target, weight, ignore_index, label_smoothing,
+                               reduction, lse_square_scale, softcap, grad_in_logits,
+                               loss_dtype)
+      .loss;
 }
 
 // Generalized Jensen-Shannon divergence (Liger Kernel's JSD) of (BT, V) student
@@ -136,7 +174,34 @@ inline at::Tensor kl_div(const at::Tensor& input, const at::Tensor& target,
 // cross_entropy(x @ weight^T + bias, target, ce_weight, ...) without the (N, V) logits:
 // x (N, H), weight (V, H), bias (V,); chunk_size rows at a time (from the shapes when
 // unset); grad_weight / grad_bias summed in accum_dtype (default: the weight's dtype); the
-// loss in loss_dtype (unset: x's dtype), computed in float32.
+// loss in loss_dtype (unset: x's dtype), computed in float32. use_token_scaling: each row's
+// loss times softmax(logits)_target, taken as a constant (Liger Kernel's token scaling).
+// fused_linear_cross_entropy_outputs also returns the z-loss and, where asked for, the token
+// accuracy and the predicted tokens, as cross_entropy_outputs.
+inline CrossEntropyOutput fused_linear_cross_entropy_outputs(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
+    const std::optional<at::Tensor>& bias = std::nullopt,
+    const std::optional<at::Tensor>& ce_weight = std::nullopt, int64_t ignore_index = -100,
+    double label_smoothing = 0.0, const std::string& reduction = "mean",
+    double lse_square_scale = 0.0, std::optional<double> softcap = std::nullopt,
+    std::optional<int64_t> chunk_size = std::nullopt,
+    std::optional<at::ScalarType> accum_dtype = std::nullopt,
+    std::optional<at::ScalarType> loss_dtype = std::nullopt, bool use_token_scaling = false,
+    bool return_token_accuracy = false, bool return_predicted_tokens = false) {
+  static const auto op =
+      detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+          const at::Tensor&, const at::Tensor&, const at::Tensor&,
+          const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, double,
+          c10::string_view, double, std::optional<double>, std::optional<int64_t>,
+          std::optional<at::ScalarType>, std::optional<at::ScalarType>, bool, bool, bool)>(
+          "fk::fused_linear_cross_entropy");
+  auto [loss, z, acc, pred] =
+      op.call(x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
+              lse_square_scale, softcap, chunk_size, accum_dtype, loss_dtype, use_token_scaling,
+              return_token_accuracy, return_predicted_tokens);
+  return {loss, z, acc, pred};
+}
+
 inline at::Tensor fused_linear_cross_entropy(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
     const std::optional<at::Tensor>& bias = std::nullopt,
@@ -145,17 +210,12 @@ inline at::Tensor fused_linear_cross_entropy(
     double lse_square_scale = 0.0, std::optional<double> softcap = std::nullopt,
     std::optional<int64_t> chunk_size = std::nullopt,
     std::optional<at::ScalarType> accum_dtype = std::nullopt,
-    std::optional<at::ScalarType> loss_dtype = std::nullopt) {
-  static const auto op =
-      detail::op<std::tuple<at::Tensor, at::Tensor>(
-          const at::Tensor&, const at::Tensor&, const at::Tensor&,
-          const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, double,
-          c10::string_view, double, std::optional<double>, std::optional<int64_t>,
-          std::optional<at::ScalarType>, std::optional<at::ScalarType>)>(
-          "fk::fused_linear_cross_entropy");
-  return std::get<0>(op.call(x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
-                             reduction, lse_square_scale, softcap, chunk_size, accum_dtype,
-                             loss_dtype));
+    std::optional<at::ScalarType> loss_dtype = std::nullopt, bool use_token_scaling = false) {
+  return fused_linear_cross_entropy_outputs(x, weight, target, bias, ce_weight, ignore_index,
+                                            label_smoothing, reduction, lse_square_scale,
+                                            softcap, chunk_size, accum_dtype, loss_dtype,
+                                            use_token_scaling)
+      .loss;
 }
 
 // Total variation distance 0.5 * |p - q| between (BT, V) probabilities p and q (one dtype),
@@ -216,22 +276,25 @@ inline const char* built_torch_version() {
   return version.c_str();
 }
 
-// silu(x @ w_gate^T) * (x @ w_up^T) in one GEMM kernel. x: (..., K); w_gate, w_up: (N, K)
-// (nn.Linear weights) of x's dtype and device; result (..., N). recompute: keep only x and
-// the weights for the backward, which then repeats the forward GEMM.
+// silu(x @ w_gate^T * gate_multiplier) * (x @ w_up^T) * down_multiplier in one GEMM kernel
+// (Falcon-H1's MLP multipliers; 1 by default). x: (..., K); w_gate, w_up: (N, K) (nn.Linear
+// weights) of x's dtype and device; result (..., N). recompute: keep only x and the weights
+// for the backward, which then repeats the forward GEMM.
 inline at::Tensor swiglu_linear(const at::Tensor& x, const at::Tensor& w_gate,
-                                const at::Tensor& w_up, bool recompute = false) {
+                                const at::Tensor& w_up, bool recompute = false,
+                                double gate_multiplier = 1.0, double down_multiplier = 1.0) {
   // fk::swiglu_linear is this call to its internal forward (its composite kernel), which
   // returns (z, s, t); here the factors s, t for the backward are skipped also when grad
   // mode is on but no input requires grad.
   static const auto op =
       detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-          const at::Tensor&, const at::Tensor&, const at::Tensor&, std::array<bool, 2>)>(
-          "fk::_swiglu_linear_forward");
+          const at::Tensor&, const at::Tensor&, const at::Tensor&, std::array<bool, 2>, double,
+          double)>("fk::_swiglu_linear_forward");
   const bool keep_factors =
       !recompute && at::GradMode::is_enabled() &&
       (x.requires_grad() || w_gate.requires_grad() || w_up.requires_grad());
-  return std::get<0>(op.call(x, w_gate, w_up, {true, keep_factors}));
+  return std::get<0>(
+      op.call(x, w_gate, w_up, {true, keep_factors}, gate_multiplier, down_multiplier));
 }
 
 // Softmax over dim, computed in fp32 and rounded to x's dtype (like torch.softmax; a row of

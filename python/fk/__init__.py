@@ -17,7 +17,7 @@ from ._library import build_info, load_library
 load_library()
 
 from . import nn  # noqa: E402
-from .ops.cross_entropy import cross_entropy  # noqa: E402
+from .ops.cross_entropy import CrossEntropyOutput, cross_entropy  # noqa: E402
 from .ops.dyt import dyt  # noqa: E402
 from .ops.fused_add_rms_norm import fused_add_rms_norm  # noqa: E402
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
@@ -49,9 +49,9 @@ __version__ = "0.1.0"
 #: Pass to CMake (CMAKE_PREFIX_PATH) so that ``find_package(fk)`` finds this installation.
 cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
-__all__ = ["cross_entropy", "dyt", "fused_add_rms_norm", "fused_linear_cross_entropy",
-           "fused_linear_jsd", "geglu", "group_norm", "jsd", "kl_div", "layer_norm",
-           "llama4_rope", "neighborhood_attention", "poly_norm", "qwen2vl_mrope", "rms_norm",
+__all__ = ["CrossEntropyOutput", "cross_entropy", "dyt", "fused_add_rms_norm",
+           "fused_linear_cross_entropy", "fused_linear_jsd", "geglu", "group_norm", "jsd",
+           "kl_div", "layer_norm", "llama4_rope", "neighborhood_attention", "poly_norm", "qwen2vl_mrope", "rms_norm",
            "rope", "rope_", "softmax", "sparsemax", "swiglu", "swiglu_linear", "tvd",
            "vocab_parallel_cross_entropy", "vocab_parallel_fused_linear_cross_entropy",
            "nn", "build_info", "cmake_prefix_path"]

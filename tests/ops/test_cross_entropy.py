@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 import fk
 from helpers import (DTYPES, assert_close, error_lines, load_triton_src, misaligned,
-                     poison_cuda_cache, randn, ref_cross_entropy, round_nearest,
-                     round_toward_zero)
+                     poison_cuda_cache, randn, ref_cross_entropy, ref_token_accuracy,
+                     round_nearest, round_toward_zero)
 
 REDUCTIONS = ("mean", "sum", "none")
 # Option sets: (weight?, label_smoothing, lse_square_scale, softcap)
@@ -54,6 +54,24 @@ def _ref_grad(x, t, kw, grad_out):
     return xd.grad
 
 
+def _with_ties(x, seed=0):
+    """x with each row's maximum raised by 1 (a clear argmax, even under a softcap), then in
+    every third row that maximum copied to a later column too (an exact tie: the first one
+    is the argmax)."""
+    x = x.clone()
+    n, v = x.shape
+    g = torch.Generator().manual_seed(seed)
+    top = x.float().argmax(-1)
+    for i in range(n):
+        x[i, top[i]] = x[i, top[i]].float() + 1.0
+        if i % 3 == 0 and v > 1:
+            j = int(torch.randint(0, v, (1,), generator=g))
+            if j != top[i]:
+                first, second = min(j, int(top[i])), max(j, int(top[i]))
+                x[i, second] = x[i, first] = x[i, top[i]]
+    return x
+
+
 # --- level 1: the Triton source under the interpreter ---------------------------------
 
 class _ClusterSums:
@@ -79,11 +97,13 @@ class _ClusterSums:
 
 
 def _run_fwd_kernel(mod, x, t, w, kw, block, general, grid, in_place, write_grad=True,
-                    chunks=1):
+                    chunks=1, pred=None, token_scaling=False):
     """grid: programs (chunks == 1) or rows at once (chunks > 1: chunks programs a row).
     With chunks > 1 the cluster exchange is emulated (_ClusterSums) and the kernel runs
     twice, the first time without the gradient: the first launch leaves every chunk's sums
-    behind, and the second, which keeps them again identically, finds them all."""
+    behind, and the second, which keeps them again identically, finds them all. With `pred`
+    (an (n,) int64 buffer) the EXTRA variant runs: it writes the predictions there and
+    scales the rows with token_scaling."""
     n, v = x.shape
     wt = (w if kw["weight"] is not None else torch.zeros(1)).float()
     den = torch.ones(2)  # (D_w, D_n): ones unless the reduction is "mean"
@@ -98,8 +118,8 @@ def _run_fwd_kernel(mod, x, t, w, kw, block, general, grid, in_place, write_grad
         mod.cross_entropy_fwd_kernel[(grid * chunks,)](
             x, grad, t, wt, den, loss, z, v, v, n, v, -100, kw["label_smoothing"],
             kw["lse_square_scale"], cap or 1.0, int(kw["weight"] is not None),
-            int(cap is not None), wg, BLOCK=block, GENERAL=general, PER_SM=1,
-            CHUNKS=chunks)
+            int(cap is not None), wg, t if pred is None else pred, int(token_scaling),
+            BLOCK=block, GENERAL=general, PER_SM=1, CHUNKS=chunks, EXTRA=int(pred is not None))
     if kw["reduction"] != "none":
         loss, z = loss.sum(), z.sum()
     return loss, z, grad
@@ -186,6 +206,40 @@ def test_interpreter_no_grad_leaves_logits_and_all_ignored_mean_is_nan():
     loss, _, grad = _run_fwd_kernel(mod, x.clone(), t_all, w, kw, 16, 0, 4, False)
     assert math.isnan(loss.item()) and math.isnan(F.cross_entropy(x, t_all).item())
     assert torch.equal(grad, torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("option,reduction", [("plain", "mean"), ("zloss", "none"),
+                                              ("all", "sum"), ("all", "none")])
+def test_interpreter_extra_outputs_and_token_scaling(dtype, option, reduction):
+    """The EXTRA variant: each row's argmax tracked over the blocks of pass 1 (ties within a
+    block and across blocks go to the first column), -100 for ignored rows, the losses and
+    gradient unchanged; with token_scaling, each row scaled by its probability of the
+    target."""
+    mod = load_triton_src("cross_entropy")
+    n, v = 7, 100
+    x, t, w = _inputs(n, v, dtype, ignore=(1, 4))
+    x = _with_ties(x)
+    # A row whose max is in its first and last block, a row whose target is its argmax.
+    x[2, 3] = x[2, 97] = x[2].float().max() + 2.0
+    x[5, t[5]] = x[5].float().max() + 1.0
+    kw = _kwargs(option, w, reduction)
+    _, ref_pred = ref_token_accuracy(x, t, reduction=reduction, softcap=kw["softcap"])
+    assert int(ref_pred[2]) == 3 and int(ref_pred[5]) == int(t[5])
+    g_out = torch.ones(n) if reduction == "none" else torch.tensor(1.0)
+    for scaling in (False, True):
+        ref_loss, ref_z = ref_cross_entropy(x, t, token_scaling=scaling, **kw)
+        ref_g = _ref_grad(x, t, dict(kw, token_scaling=scaling), g_out)
+        for block, grid, in_place in ((32, 3, True), (128, n, False)):
+            pred = torch.full((n,), 12345)
+            loss, z, grad = _run_fwd_kernel(mod, x.clone(), t, w, kw, block, 1, grid, in_place,
+                                            pred=pred, token_scaling=scaling)
+            assert torch.equal(pred, ref_pred), (block, pred, ref_pred)
+            what = f"scaling={scaling}, block {block}"
+            assert_close(loss, ref_loss, torch.float32, factor=2, what=f"loss, {what}")
+            assert_close(z, ref_z, torch.float32, factor=2, what=f"z, {what}")
+            assert_close(grad, round_toward_zero(ref_g.float(), dtype), dtype, factor=2,
+                         what=f"grad, {what}")
 
 
 def test_interpreter_bad_target_is_nan():
@@ -383,6 +437,93 @@ def test_loss_dtype_option():
     assert m(x, t).dtype == torch.float32 and fk.nn.CrossEntropyLoss()(x, t).dtype == x.dtype
 
 
+@pytest.mark.parametrize("dtype", DTYPES + (torch.float64,))
+@pytest.mark.parametrize("option", ["plain", "zloss", "weight_smooth_z", "softcap", "all"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_cpu_extra_outputs(dtype, option, reduction):
+    """return_token_accuracy / return_predicted_tokens: the argmax of each row (first of
+    ties; -100 where ignored) and the accuracy against plain torch; the loss and gradient
+    are those of the call without them; neither extra output has a gradient."""
+    n, v = 10, 130
+    x, t, w = _inputs(n, v, dtype, ignore=(1, 7))
+    x = _with_ties(x)
+    t[4] = int(x[4].float().argmax())  # at least one row predicted right
+    kw = _kwargs(option, w, reduction)
+    ref_acc, ref_pred = ref_token_accuracy(x, t, reduction=reduction, softcap=kw["softcap"])
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = fk.cross_entropy(xa, t, return_token_accuracy=True, return_predicted_tokens=True,
+                           **kw)
+    assert isinstance(out, fk.CrossEntropyOutput) and out.z_loss is None
+    assert out.predicted_tokens.dtype == torch.int64 and out.token_accuracy.dtype == F32
+    assert torch.equal(out.predicted_tokens, ref_pred)
+    assert out.token_accuracy.shape == ref_acc.shape
+    assert_close(out.token_accuracy, ref_acc, F32)
+    assert not out.token_accuracy.requires_grad and not out.predicted_tokens.requires_grad
+    plain = fk.cross_entropy(xb, t, **kw)
+    assert torch.equal(out.loss.detach(), plain.detach())
+    g_out = torch.rand(plain.shape, generator=torch.Generator().manual_seed(2)).to(dtype) + 0.5
+    out.loss.backward(g_out)
+    plain.backward(g_out)
+    assert torch.equal(xa.grad, xb.grad)
+    # Without a gradient (no_grad), and each output alone.
+    with torch.no_grad():
+        acc = fk.cross_entropy(x, t, return_token_accuracy=True, **kw)
+        pred = fk.cross_entropy(x, t, return_predicted_tokens=True, return_z_loss=True, **kw)
+    assert acc.predicted_tokens is None and acc.z_loss is None
+    assert torch.equal(acc.token_accuracy, out.token_accuracy)
+    assert pred.token_accuracy is None and pred.z_loss is not None
+    assert torch.equal(pred.predicted_tokens, ref_pred)
+
+
+def test_extra_outputs_edge_cases():
+    """Rows of one class, every row ignored, no rows, -inf rows and an ignore_index other
+    than -100."""
+    x = torch.randn(4, 1)
+    t = torch.zeros(4, dtype=torch.long)
+    out = fk.cross_entropy(x, t, return_token_accuracy=True, return_predicted_tokens=True)
+    assert out.token_accuracy.item() == 1.0 and torch.equal(out.predicted_tokens, t)
+    ign = torch.full((4,), -100)
+    for reduction in ("mean", "sum"):  # no non-ignored row: 0 / 0, like the mean loss
+        out = fk.cross_entropy(x, ign, reduction=reduction, return_token_accuracy=True,
+                               return_predicted_tokens=True)
+        assert math.isnan(out.token_accuracy.item())
+        assert torch.equal(out.predicted_tokens, ign)
+    out = fk.cross_entropy(x, ign, reduction="none", return_token_accuracy=True)
+    assert torch.equal(out.token_accuracy, torch.zeros(4))
+    e = torch.empty(0, 5, requires_grad=True)
+    te = torch.empty(0, dtype=torch.long)
+    out = fk.cross_entropy(e, te, return_token_accuracy=True, return_predicted_tokens=True)
+    assert math.isnan(out.token_accuracy.item()) and out.predicted_tokens.shape == (0,)
+    out = fk.cross_entropy(e, te, reduction="none", return_token_accuracy=True)
+    assert out.token_accuracy.shape == (0,)
+    x = torch.randn(3, 6)
+    x[1] = -float("inf")  # torch.argmax of an all -inf row: 0
+    t = torch.tensor([2, 3, 5])
+    out = fk.cross_entropy(x, t, ignore_index=5, reduction="none",
+                           return_token_accuracy=True, return_predicted_tokens=True)
+    assert torch.equal(out.predicted_tokens,
+                       torch.tensor([int(x[0].argmax()), 0, -100]))
+    assert torch.equal(out.token_accuracy,
+                       torch.tensor([float(int(x[0].argmax()) == 2), 0.0, 0.0]))
+
+
+def test_return_forms():
+    """Nothing extra: the loss; return_z_loss alone: (loss, z_loss), as before; an extra
+    output: a CrossEntropyOutput whose fields not asked for are None."""
+    x, t, _ = _inputs(5, 9)
+    loss = fk.cross_entropy(x, t)
+    assert isinstance(loss, torch.Tensor)
+    pair = fk.cross_entropy(x, t, return_z_loss=True)
+    assert type(pair) is tuple and len(pair) == 2 and torch.equal(pair[0], loss)
+    out = fk.cross_entropy(x, t, return_z_loss=True, return_token_accuracy=True)
+    assert isinstance(out, tuple) and out._fields == ("loss", "z_loss", "token_accuracy",
+                                                      "predicted_tokens")
+    loss2, z, acc, pred = out
+    assert torch.equal(loss2, loss) and z is not None and acc is not None and pred is None
+    m = fk.nn.CrossEntropyLoss()
+    assert torch.equal(m(x, t), loss)
+
+
 def test_nan_inf_propagate_like_torch():
     x, t, _ = _inputs(4, 16, ignore=())
     x[0, 3] = float("nan")
@@ -578,14 +719,21 @@ def test_opcheck():
     x, t, w = _inputs(5, 11, ignore=(1,))
     for args in ((x.clone().requires_grad_(), t, w, -100, 0.1, "mean", 1e-3, 5.0, False),
                  (x.clone().requires_grad_(), t, None, -100, 0.0, "none", 0.0, None, False),
-                 (x.clone(), t, None, -100, 0.0, "sum", 0.0, None, True)):
+                 (x.clone(), t, None, -100, 0.0, "sum", 0.0, None, True),
+                 (x.clone().requires_grad_(), t, w, -100, 0.1, "mean", 1e-3, 5.0, False, None,
+                  True, True),
+                 (x.clone().requires_grad_(), t, None, -100, 0.0, "none", 0.0, None, False,
+                  torch.float32, False, True),
+                 (x.clone(), t, None, -100, 0.0, "sum", 0.0, None, True, None, True, False)):
         torch.library.opcheck(torch.ops.fk.cross_entropy, args)
     internal = ("test_schema", "test_faketensor")
-    torch.library.opcheck(torch.ops.fk._cross_entropy_forward,
-                          (x, t, w, -100, 0.0, "mean", 0.0, None, True),
-                          test_utils=internal + ("test_aot_dispatch_dynamic",))
-    torch.library.opcheck(torch.ops.fk._cross_entropy_forward_,
-                          (x.clone(), t, None, -100, 0.0, "sum", 0.0, 2.0), test_utils=internal)
+    for extras in (False, True):
+        torch.library.opcheck(torch.ops.fk._cross_entropy_forward,
+                              (x, t, w, -100, 0.0, "mean", 0.0, None, True, extras),
+                              test_utils=internal + ("test_aot_dispatch_dynamic",))
+        torch.library.opcheck(torch.ops.fk._cross_entropy_forward_,
+                              (x.clone(), t, None, -100, 0.0, "sum", 0.0, 2.0, extras),
+                              test_utils=internal)
     g = randn(5, 11)
     torch.library.opcheck(torch.ops.fk._cross_entropy_backward, (g, torch.tensor(2.0)),
                           test_utils=internal + ("test_aot_dispatch_dynamic",))
@@ -601,6 +749,36 @@ def test_grad_in_logits_under_opcheck_autograd():
                           (x.clone().requires_grad_(), t, None, -100, 0.0, "mean", 0.0, None,
                            True), test_utils=("test_schema", "test_faketensor",
                                               "test_aot_dispatch_dynamic"))
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_gradcheck_with_extra_outputs(reduction):
+    x, t, w = _inputs(4, 7, torch.float64, ignore=(2,))
+    kw = _kwargs("all", w.double(), reduction)
+    x.requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda x: fk.cross_entropy(x * 1, t, return_token_accuracy=True,
+                                   return_predicted_tokens=True, **kw).loss, (x,))
+
+
+def test_torch_compile_extra_outputs():
+    def step(h, w, t):
+        out = fk.cross_entropy(h @ w, t, return_token_accuracy=True, return_predicted_tokens=True)
+        return out.loss, out.token_accuracy, out.predicted_tokens
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    for rows in (6, 11):
+        h, w = randn(rows, 16, seed=rows).requires_grad_(), randn(16, 40, seed=1)
+        t = torch.randint(0, 40, (rows,))
+        t[0] = -100
+        t[1] = int((h[1] @ w).argmax())
+        loss, acc, pred = compiled(h, w, t)
+        ref_acc, ref_pred = ref_token_accuracy((h @ w).detach(), t)
+        assert torch.equal(pred, ref_pred)
+        assert_close(acc, ref_acc, torch.float32)
+        loss.backward()
+        assert h.grad is not None
 
 
 def test_torch_compile_fullgraph():
@@ -694,6 +872,65 @@ def test_cuda_matches_reference(dtype, v, option):
             # The default: the logits' dtype, the float32 value rounded once.
             assert torch.equal(fk.cross_entropy(x, t, **kw),
                                fk.cross_entropy(x, t, loss_dtype=F32, **kw).to(dtype))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("v", [1, 7, 100, 1024, 1025, 4097, 50257, 128256])
+@pytest.mark.parametrize("option", ["plain", "all"])
+def test_cuda_extra_outputs(dtype, v, option):
+    """The EXTRA kernel variants (aligned and not, small and large rows): predicted tokens
+    and accuracy against plain torch, losses and gradients as without them, no host
+    synchronisation needed (the same calls run under CUDA graph capture in
+    test_cuda_graph_capture_extra_outputs)."""
+    n = 37 if v <= 4097 else 9
+    for reduction in REDUCTIONS:
+        x, t, w = _inputs(n, v, dtype, ignore=(1, 5), seed=v)
+        x = _with_ties(x.cpu()).cuda()
+        t[3] = int(x[3].float().argmax())
+        kw = _kwargs(option, w, reduction)
+        cpu_kw = {k: (a.cpu() if isinstance(a, torch.Tensor) else a) for k, a in kw.items()}
+        ref_acc, ref_pred = ref_token_accuracy(x.cpu(), t.cpu(), reduction=reduction,
+                                               softcap=kw["softcap"])
+        ref_loss, _ = ref_cross_entropy(x.cpu(), t.cpu(), **cpu_kw)
+        poison_cuda_cache()
+        xa = x.clone().requires_grad_()
+        out = fk.cross_entropy(xa * 1, t, loss_dtype=F32, return_token_accuracy=True,
+                               return_predicted_tokens=True, **kw)
+        assert torch.equal(out.predicted_tokens.cpu(), ref_pred)
+        assert_close(out.token_accuracy.cpu(), ref_acc, F32)
+        assert_close(out.loss, ref_loss, F32, factor=2, what="loss")
+        g_out = torch.rand(ref_loss.shape, device="cuda") + 0.5
+        out.loss.backward(g_out)
+        ref_g = _ref_grad(x.cpu(), t.cpu(), cpu_kw, g_out.cpu())
+        assert_close(xa.grad, ref_g, dtype, factor=3, what="grad")
+        # Misaligned logits take the unaligned EXTRA variant.
+        xm = misaligned(x)
+        with torch.no_grad():
+            outm = fk.cross_entropy(xm, t, return_predicted_tokens=True, **kw)
+        assert torch.equal(outm.predicted_tokens.cpu(), ref_pred)
+    assert "triton" not in sys.modules
+
+
+@pytest.mark.cuda
+def test_cuda_graph_capture_extra_outputs():
+    x, t, _ = _inputs(64, 4096, torch.bfloat16, "cuda", ignore=(3,))
+    static_x = x.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fk.cross_entropy(static_x.clone(), t, return_token_accuracy=True,
+                         return_predicted_tokens=True)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fk.cross_entropy(static_x, t, return_token_accuracy=True,
+                               return_predicted_tokens=True)
+    static_x.copy_(x)
+    graph.replay()
+    ref_acc, ref_pred = ref_token_accuracy(x.cpu(), t.cpu())
+    assert torch.equal(out.predicted_tokens.cpu(), ref_pred)
+    assert_close(out.token_accuracy.cpu(), ref_acc, F32)
 
 
 @pytest.mark.cuda

@@ -204,6 +204,101 @@ def test_z_loss_output_and_empty():
     assert math.isnan(fk.fused_linear_cross_entropy(xe, we, torch.empty(0, dtype=torch.long)))
 
 
+@pytest.mark.parametrize("dtype", DTYPES + (torch.float64,))
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("chunk_size", [None, 3])
+def test_cpu_token_scaling(dtype, option, reduction, chunk_size):
+    """use_token_scaling: each row's loss (smoothing and z-loss included) times its
+    predicted probability of the target, a constant of the gradient; "mean" keeps its
+    denominators; "none" weighs each row by its grad_output before the products."""
+    n, h, v = 7, 16, 40
+    x, w, b, t, cw = _inputs(n, h, v, dtype, ignore=(1, 4))
+    kw = _kwargs(option, cw, reduction)
+    xa, wa, ba = (a.clone().requires_grad_() for a in (x, w, b))
+    loss_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    loss, z = fk.fused_linear_cross_entropy(xa, wa, t, ba, chunk_size=chunk_size,
+                                            return_z_loss=True, loss_dtype=loss_dtype,
+                                            use_token_scaling=True, **kw)
+    g_out = torch.rand(loss.shape, generator=torch.Generator().manual_seed(5)).to(loss.dtype)
+    ref_loss, ref_z, (gx, gw, gb) = _ref(x, w, b, t, dict(kw, token_scaling=True), g_out + 0.5)
+    unscaled, _, _ = _ref(x, w, b, t, kw, g_out + 0.5)
+    assert not torch.allclose(ref_loss, unscaled)  # the option changes the loss
+    assert_close(loss, ref_loss, loss_dtype, factor=3, what="loss")
+    assert_close(z, ref_z, loss_dtype, factor=3, what="z")
+    loss.backward(g_out + 0.5)
+    assert_close(xa.grad, gx, dtype, factor=4, what="grad_x")
+    assert_close(wa.grad, gw, dtype, factor=4, what="grad_weight")
+    assert_close(ba.grad, gb, dtype, factor=4, what="grad_bias")
+    with torch.no_grad():
+        loss_ng = fk.fused_linear_cross_entropy(x, w, t, b, chunk_size=chunk_size,
+                                                loss_dtype=loss_dtype, use_token_scaling=True,
+                                                **kw)
+    assert torch.equal(loss_ng, loss.detach())
+    m = fk.nn.FusedLinearCrossEntropyLoss(cw if kw["ce_weight"] is not None else None,
+                                          reduction=reduction,
+                                          label_smoothing=kw["label_smoothing"],
+                                          lse_square_scale=kw["lse_square_scale"],
+                                          softcap=kw["softcap"], chunk_size=chunk_size,
+                                          loss_dtype=loss_dtype, use_token_scaling=True)
+    assert torch.equal(m(w, x, t, b), loss.detach())
+
+
+def _clear_rows(x, w, b, gap):
+    """Rows whose largest logit (float64) beats the second by more than gap: the argmax a
+    low-precision matmul must agree on."""
+    logits = x.double() @ w.double().t() + (0 if b is None else b.double())
+    top2 = logits.topk(2, -1).values
+    return top2[:, 0] - top2[:, 1] > gap, logits.argmax(-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + (torch.float64,))
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("scaling", [False, True])
+def test_cpu_extra_outputs(dtype, reduction, scaling):
+    """Predicted tokens (the argmax of each row of x @ w.T + b, -100 for ignored rows) and
+    the token accuracy; the loss and gradients are those of the call without them."""
+    n, h, v = 40, 16, 30
+    x, w, b, t, cw = _inputs(n, h, v, dtype, ignore=(1, 4))
+    x[::3] = (w[t[::3].clamp(min=0)].float() * 4.0).to(dtype)  # rows predicted right
+    kw = _kwargs("all", cw, reduction)
+    xa, wa, ba = (a.clone().requires_grad_() for a in (x, w, b))
+    xb, wb, bb = (a.clone().requires_grad_() for a in (x, w, b))
+    out = fk.fused_linear_cross_entropy(xa, wa, t, ba, chunk_size=7, use_token_scaling=scaling,
+                                        return_token_accuracy=True,
+                                        return_predicted_tokens=True, **kw)
+    assert isinstance(out, fk.CrossEntropyOutput) and out.z_loss is None
+    keep = t != -100
+    clear, ref_pred = _clear_rows(x, w, b, 0.3 if dtype in (torch.bfloat16, torch.float16)
+                                  else 1e-4)
+    assert clear.sum() >= n // 2
+    pred = out.predicted_tokens
+    assert pred.dtype == torch.int64 and torch.equal(pred[~keep], torch.full((2,), -100))
+    assert torch.equal(pred[keep & clear], ref_pred[keep & clear])
+    right = ((pred == t) & keep).float()
+    want_acc = right if reduction == "none" else right.sum() / keep.sum()
+    assert out.token_accuracy.dtype == torch.float32
+    assert_close(out.token_accuracy, want_acc, torch.float32)
+    assert right.sum() >= n // 3 - 1
+    plain = fk.fused_linear_cross_entropy(xb, wb, t, bb, chunk_size=7,
+                                          use_token_scaling=scaling, **kw)
+    assert torch.equal(out.loss.detach(), plain.detach())
+    out.loss.sum().backward()
+    plain.sum().backward()
+    for a, b_ in ((xa, xb), (wa, wb), (ba, bb)):
+        assert torch.equal(a.grad, b_.grad)
+    with torch.no_grad():
+        only = fk.fused_linear_cross_entropy(x, w, t, b, chunk_size=7, return_z_loss=True,
+                                             return_predicted_tokens=True, **kw)
+    assert torch.equal(only.predicted_tokens, pred) and only.token_accuracy is None
+    assert only.z_loss is not None
+    e = fk.fused_linear_cross_entropy(x[:0], w, t[:0], b, reduction=reduction,
+                                      return_token_accuracy=True, return_predicted_tokens=True)
+    assert e.predicted_tokens.shape == (0,)
+    assert (e.token_accuracy.shape == (0,) if reduction == "none"
+            else math.isnan(e.token_accuracy.item()))
+
+
 def test_non_contiguous_inputs():
     x, w, b, t, _ = _inputs(6, 10, 20)
     xt = x.t().contiguous().t().requires_grad_()
@@ -274,6 +369,22 @@ def test_gradcheck(reduction):
         lambda x, w, b: fk.fused_linear_cross_entropy(x, w, t, b, chunk_size=2, **kw), args)
 
 
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_token_scaling_gradients_in_float64(reduction):
+    x, w, b, t, cw = _inputs(5, 4, 6, torch.float64, ignore=(2,))
+    kw = _kwargs("all", cw.double(), reduction)
+    args = tuple(a.requires_grad_() for a in (x, w, b))
+    # The scale is a constant of the gradient: gradcheck differentiates the loss with p
+    # held where the forward found it, so compare against the reference's autograd instead.
+    g_out = torch.rand(() if reduction != "none" else (5,), dtype=torch.float64) + 0.5
+    loss = fk.fused_linear_cross_entropy(*args[:2], t, args[2], chunk_size=2,
+                                         use_token_scaling=True, **kw)
+    got = torch.autograd.grad(loss, args, g_out)
+    _, _, want = _ref(x, w, b, t, dict(kw, token_scaling=True), g_out)
+    for g, r in zip(got, want):
+        assert_close(g, r, torch.float64, factor=4)
+
+
 def test_opcheck():
     x, w, b, t, cw = _inputs(5, 6, 11)
     for red in REDUCTIONS:
@@ -281,11 +392,16 @@ def test_opcheck():
             torch.ops.fk.fused_linear_cross_entropy,
             (x.clone().requires_grad_(), w.clone().requires_grad_(), t, b.clone().requires_grad_(),
              cw, -100, 0.1, red, 1e-3, 4.0, 2, None))
-    torch.library.opcheck(torch.ops.fk._fused_linear_cross_entropy_forward,
-                          (x, w, t, b, None, -100, 0.0, "sum", 0.0, None, 3, torch.float32,
-                           [True, True, True], None),
-                          test_utils=("test_schema", "test_faketensor",
-                                      "test_aot_dispatch_dynamic"))
+        torch.library.opcheck(
+            torch.ops.fk.fused_linear_cross_entropy,
+            (x.clone().requires_grad_(), w.clone().requires_grad_(), t, b.clone().requires_grad_(),
+             cw, -100, 0.1, red, 1e-3, 4.0, 2, None, torch.float32, True, True, True))
+    for extras in (False, True):
+        torch.library.opcheck(torch.ops.fk._fused_linear_cross_entropy_forward,
+                              (x, w, t, b, None, -100, 0.0, "sum", 0.0, None, 3, torch.float32,
+                               [True, True, True], None, extras, extras),
+                              test_utils=("test_schema", "test_faketensor",
+                                          "test_aot_dispatch_dynamic"))
 
 
 def test_torch_compile_fullgraph():
@@ -353,6 +469,44 @@ def test_cuda_matches_reference(dtype, shape, option):
             assert_close(xa.grad, gx, dtype, factor=4, what="grad_x")
             assert_close(wa.grad, gw, dtype, factor=4, what="grad_weight")
             assert_close(ba.grad, gb, dtype, factor=4, what="grad_bias")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(37, 64, 1000), (64, 96, 50257), (70, 128, 128256)])
+def test_cuda_token_scaling_and_extra_outputs(dtype, shape):
+    """The EXTRA cross entropy variants under the chunked matmuls: token scaling against
+    the reference (loss and gradients), predicted tokens and accuracy against the float64
+    argmax where it is clear."""
+    n, h, v = shape
+    for reduction in REDUCTIONS:
+        for chunk_size in (None, 16):
+            x, w, b, t, cw = _inputs(n, h, v, dtype, "cuda", seed=v, ignore=(1, 5))
+            x[::3] = (w[t[::3].clamp(min=0)].float() * 4.0).to(dtype)
+            kw = _kwargs("all", cw, reduction)
+            xa, wa, ba = (a.clone().requires_grad_() for a in (x, w, b))
+            out = fk.fused_linear_cross_entropy(
+                xa, wa, t, ba, chunk_size=chunk_size, return_z_loss=True,
+                loss_dtype=torch.float32, use_token_scaling=True, return_token_accuracy=True,
+                return_predicted_tokens=True, **kw)
+            g_out = torch.rand(out.loss.shape, device="cuda") + 0.5
+            ref_loss, ref_z, (gx, gw, gb) = _ref(x, w, b, t, dict(kw, token_scaling=True),
+                                                 g_out)
+            assert_close(out.loss, ref_loss, torch.float32, factor=3, what="loss")
+            assert_close(out.z_loss, ref_z, torch.float32, factor=3, what="z")
+            out.loss.backward(g_out)
+            assert_close(xa.grad, gx, dtype, factor=4, what="grad_x")
+            assert_close(wa.grad, gw, dtype, factor=4, what="grad_weight")
+            assert_close(ba.grad, gb, dtype, factor=4, what="grad_bias")
+            keep = (t != -100).cpu()
+            clear, ref_pred = _clear_rows(x.cpu(), w.cpu(), b.cpu(),
+                                          0.3 if dtype != torch.float32 else 1e-3)
+            pred = out.predicted_tokens.cpu()
+            assert torch.equal(pred[~keep], torch.full((int((~keep).sum()),), -100))
+            assert torch.equal(pred[keep & clear], ref_pred[keep & clear])
+            right = ((pred == t.cpu()) & keep).float()
+            want_acc = right if reduction == "none" else right.sum() / keep.sum()
+            assert_close(out.token_accuracy.cpu(), want_acc, torch.float32)
 
 
 @pytest.mark.cuda

@@ -14,21 +14,38 @@ def _silu_mul(a, b):
     return a / (1 + torch.exp(-a)) * b
 
 
+# (gate_multiplier, down_multiplier): none, Falcon-H1-like values, one of each
+MULTIPLIERS = [(1.0, 1.0), (0.6, 1.7), (2.5, 1.0), (1.0, 0.25)]
+
+
+def _scaled(gm, dm):
+    """silu(a * gm) * b * dm from its definition, for autograd on float64 copies."""
+    return lambda a, b: _silu_mul(a * gm, b) * dm
+
+
 # --- level 1: the Triton source under the interpreter ---------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 100, 2048, 5000])
-def test_interpreter_forward_backward(dtype, n):
+@pytest.mark.parametrize("gm,dm", MULTIPLIERS[:2])
+def test_interpreter_forward_backward(dtype, n, gm, dm):
+    """The plain variants (SCALED 0) ignore the multipliers; the SCALED ones apply them."""
     mod = load_triton_src("swiglu")
     block = 1024
+    scaled = int((gm, dm) != (1.0, 1.0))
     a, b, dc = (randn(n, dtype=dtype) for _ in range(3))
     c = torch.full_like(a, float("nan"))
     grid = (cdiv(n, block),)
-    mod.swiglu_fwd_kernel[grid](a, b, c, n, BLOCK=block)
-    assert_close(c, ref_swiglu(a, b, cast=round_toward_zero), dtype, what="c")
+    mod.swiglu_fwd_kernel[grid](a, b, c, n, gm, dm, BLOCK=block, SCALED=scaled)
+    assert_close(c, ref_swiglu(a, b, cast=round_toward_zero, gate_multiplier=gm,
+                               down_multiplier=dm), dtype, what="c")
+    if scaled:  # the plain variant with these multipliers: silu(a) * b
+        plain = torch.full_like(a, float("nan"))
+        mod.swiglu_fwd_kernel[grid](a, b, plain, n, gm, dm, BLOCK=block, SCALED=0)
+        assert_close(plain, ref_swiglu(a, b, cast=round_toward_zero), dtype, what="plain")
     da, db = torch.full_like(a, float("nan")), torch.full_like(a, float("nan"))
-    mod.swiglu_bwd_kernel[grid](dc, a, b, da, db, n, BLOCK=block)
-    ga, gb = ref_grads(_silu_mul, [a.requires_grad_(), b.requires_grad_()], dc)
+    mod.swiglu_bwd_kernel[grid](dc, a, b, da, db, n, gm, dm, BLOCK=block, SCALED=scaled)
+    ga, gb = ref_grads(_scaled(gm, dm), [a.requires_grad_(), b.requires_grad_()], dc)
     assert_close(da, round_toward_zero(ga.float(), dtype), dtype, factor=2, what="da")
     assert_close(db, round_toward_zero(gb.float(), dtype), dtype, factor=2, what="db")
 
@@ -48,6 +65,28 @@ def test_cpu_forward_backward(dtype, shape):
     ga, gb = ref_grads(_silu_mul, [a, b], dc)
     assert_close(a.grad, ga, dtype, factor=2, what="da")
     assert_close(b.grad, gb, dtype, factor=2, what="db")
+
+
+@pytest.mark.parametrize("dtype", DTYPES + (torch.float64,))
+@pytest.mark.parametrize("gm,dm", MULTIPLIERS[1:])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_cpu_multipliers(dtype, gm, dm, in_place):
+    shape = (3, 257)
+    a = randn(*shape, dtype=dtype).requires_grad_()
+    b = randn(*shape, dtype=dtype, seed=1).requires_grad_()
+    # backward_in_place writes into intermediates (as in an MLP), never into leaves.
+    a1, b1 = a * 1, b * 1
+    c = fk.swiglu(a1, b1, in_place, gate_multiplier=gm, down_multiplier=dm)
+    assert c.dtype == dtype and c.shape == a.shape
+    assert_close(c, ref_swiglu(a, b, gate_multiplier=gm, down_multiplier=dm), dtype)
+    dc = randn(*shape, dtype=dtype, seed=2)
+    c.backward(dc)
+    ga, gb = ref_grads(_scaled(gm, dm), [a, b], dc)
+    assert_close(a.grad, ga, dtype, factor=2, what="da")
+    assert_close(b.grad, gb, dtype, factor=2, what="db")
+    # Multipliers of 1 are the plain op.
+    assert torch.equal(fk.swiglu(a, b, gate_multiplier=1.0, down_multiplier=1.0),
+                       fk.swiglu(a, b))
 
 
 def test_cpu_non_contiguous():
@@ -89,6 +128,22 @@ def test_bad_input_cpu_and_meta_agree(name, make, msg):
     assert cpu == meta
 
 
+@pytest.mark.parametrize("kw,msg", [
+    (dict(gate_multiplier=float("inf")), "fk::swiglu: gate_multiplier must be finite, got inf"),
+    (dict(down_multiplier=float("nan")), "fk::swiglu: down_multiplier must be finite, got nan"),
+])
+def test_bad_multipliers_cpu_and_meta_agree(kw, msg):
+    cpu, meta = error_lines(lambda d: fk.swiglu(torch.ones(4, device=d), torch.ones(4, device=d),
+                                                **kw), ("cpu", "meta"), msg)
+    assert cpu == meta
+    gm, dm = kw.get("gate_multiplier", 1.0), kw.get("down_multiplier", 1.0)
+    ones = torch.ones(4)
+    with pytest.raises(RuntimeError, match="fk::_swiglu_backward: .* must be finite"):
+        torch.ops.fk._swiglu_backward(ones, ones, ones, gm, dm)
+    with pytest.raises(RuntimeError, match="fk::_swiglu_backward_: .* must be finite"):
+        torch.ops.fk._swiglu_backward_(ones, ones.clone(), ones.clone(), gm, dm)
+
+
 def test_devices_differ():
     with pytest.raises(RuntimeError, match="must be on the same device"):
         fk.swiglu(torch.ones(4), torch.ones(4, device="meta"))
@@ -100,6 +155,10 @@ def test_gradcheck():
     a = randn(3, 17, dtype=torch.float64).requires_grad_()
     b = randn(3, 17, dtype=torch.float64).requires_grad_()
     assert torch.autograd.gradcheck(fk.swiglu, (a, b))
+    assert torch.autograd.gradcheck(
+        lambda a, b: fk.swiglu(a, b, gate_multiplier=0.6, down_multiplier=1.7), (a, b))
+    assert torch.autograd.gradcheck(
+        lambda a, b: fk.swiglu(a * 1, b * 1, True, 2.5, 0.25), (a, b))
 
 
 def test_opcheck_swiglu():
@@ -107,13 +166,56 @@ def test_opcheck_swiglu():
     b = randn(4, 33).requires_grad_()
     torch.library.opcheck(torch.ops.fk.swiglu, (a, b))
     torch.library.opcheck(torch.ops.fk.swiglu, (a.detach(), b.detach()))
+    torch.library.opcheck(torch.ops.fk.swiglu, (a, b, False, 0.6, 1.7))
 
 
 def test_opcheck_swiglu_backward():
     a, b, dc = randn(4, 33), randn(4, 33), randn(4, 33)
-    torch.library.opcheck(torch.ops.fk._swiglu_backward, (dc, a, b),
-                          test_utils=("test_schema", "test_faketensor",
-                                      "test_aot_dispatch_dynamic"))
+    for args in ((dc, a, b), (dc, a, b, 0.6, 1.7)):
+        torch.library.opcheck(torch.ops.fk._swiglu_backward, args,
+                              test_utils=("test_schema", "test_faketensor",
+                                          "test_aot_dispatch_dynamic"))
+
+
+def test_torch_compile_multipliers():
+    def f(a, b):
+        return fk.swiglu(a, b, gate_multiplier=0.6, down_multiplier=1.7)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True)
+    a = randn(4, 33).requires_grad_()
+    b = randn(4, 33, seed=1).requires_grad_()
+    out = compiled(a, b)
+    assert_close(out, ref_swiglu(a, b, gate_multiplier=0.6, down_multiplier=1.7), torch.float32)
+    out.sum().backward()
+    ga, gb = ref_grads(_scaled(0.6, 1.7), [a, b], torch.ones(4, 33))
+    assert_close(a.grad, ga, torch.float32, factor=2)
+    assert_close(b.grad, gb, torch.float32, factor=2)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_falcon_h1_mlp(bias, in_place):
+    """fk.nn.SwiGLUMLP with the multipliers against Hugging Face's FalconH1MLP (the down
+    multiplier inside the gate without a down bias, on the output with one)."""
+    falcon = pytest.importorskip("transformers.models.falcon_h1.modeling_falcon_h1")
+    from transformers import FalconH1Config
+    config = FalconH1Config(hidden_size=32, intermediate_size=80, mlp_bias=bias,
+                            hidden_act="silu", mlp_multipliers=[0.6, 1.7])
+    torch.manual_seed(0)
+    ref = falcon.FalconH1MLP(config)
+    mlp = fk.nn.SwiGLUMLP(32, 80, bias=bias, backward_in_place=in_place,
+                          gate_multiplier=0.6, down_multiplier=1.7)
+    mlp.load_state_dict(ref.state_dict())
+    x = randn(3, 5, 32).requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    out, want = mlp(x), ref(x2)
+    assert_close(out, want, torch.float32, factor=10)
+    out.pow(2).sum().backward()
+    want.pow(2).sum().backward()
+    assert_close(x.grad, x2.grad, torch.float32, factor=10)
+    for (name, p), q in zip(mlp.named_parameters(), ref.parameters()):
+        assert_close(p.grad, q.grad, torch.float32, factor=10, what=name)
 
 
 # --- level 5: CUDA kernels -----------------------------------------------------------------
@@ -146,6 +248,31 @@ def test_cuda_matches_reference(dtype, shape):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7,), (3, 257), (5, 4097), (8192, 14336)])
+@pytest.mark.parametrize("gm,dm", MULTIPLIERS[1:])
+def test_cuda_multipliers(dtype, shape, gm, dm):
+    """The SCALED variants (aligned and not), out of place and in place."""
+    tiny = torch.finfo(dtype).tiny
+    for in_place in (False, True):
+        a = randn(*shape, dtype=dtype, device="cuda").requires_grad_()
+        b = randn(*shape, dtype=dtype, device="cuda", seed=1).requires_grad_()
+        poison_cuda_cache()
+        c = fk.swiglu(a * 1, b * 1, in_place, gm, dm)
+        assert_close(c, ref_swiglu(a, b, gate_multiplier=gm, down_multiplier=dm), dtype,
+                     scale=tiny)
+        dc = randn(*shape, dtype=dtype, device="cuda", seed=2)
+        c.backward(dc)
+        ga, gb = ref_grads(_scaled(gm, dm), [a, b], dc)
+        assert_close(a.grad, ga, dtype, factor=2, what="da", scale=tiny)
+        assert_close(b.grad, gb, dtype, factor=2, what="db", scale=tiny)
+    am = misaligned(randn(3, 1001, dtype=dtype, device="cuda"))
+    bm = misaligned(randn(3, 1001, dtype=dtype, device="cuda", seed=1))
+    assert_close(fk.swiglu(am, bm, gate_multiplier=gm, down_multiplier=dm),
+                 ref_swiglu(am, bm, gate_multiplier=gm, down_multiplier=dm), dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_cuda_misaligned_and_non_contiguous(dtype):
     a = misaligned(randn(3, 1001, dtype=dtype, device="cuda"))
     b = misaligned(randn(3, 1001, dtype=dtype, device="cuda"))
@@ -160,6 +287,10 @@ def test_cuda_bad_input_same_message_as_cpu():
     for name, make, msg in BAD:
         cpu, cuda = error_lines(lambda d: fk.swiglu(*make(d)), ("cpu", "cuda"), msg)
         assert cpu == cuda, name
+    cpu, cuda = error_lines(lambda d: fk.swiglu(torch.ones(4, device=d), torch.ones(4, device=d),
+                                                gate_multiplier=float("inf")),
+                            ("cpu", "cuda"), "gate_multiplier must be finite")
+    assert cpu == cuda
     with pytest.raises(RuntimeError, match="not supported on CUDA"):
         fk.swiglu(torch.ones(4, dtype=torch.float64, device="cuda"),
                   torch.ones(4, dtype=torch.float64, device="cuda"))

@@ -27,23 +27,24 @@ def _rnd(t, dtype, cast):
     return cast(t.float(), dtype).double()
 
 
-def ref_forward(x, wg, wu, cast=round_nearest):
-    """(z, s, t) in x's dtype."""
+def ref_forward(x, wg, wu, cast=round_nearest, gm=1.0, dm=1.0):
+    """(z, s, t) in x's dtype; with the multipliers u = gm a: z = silu(u) b dm and the
+    factors of the gradients of a and b, s = dm silu(u), t = gm dm b silu'(u)."""
     dtype = x.dtype
     x64 = x.detach().double().reshape(-1, x.shape[-1])
-    a = x64 @ wg.detach().double().T
+    a = x64 @ wg.detach().double().T * gm
     b = x64 @ wu.detach().double().T
     sig = 1 / (1 + torch.exp(-a))
     silu = a * sig
     shape = (*x.shape[:-1], wg.shape[0])
-    outs = (silu * b, silu, b * (sig + a * sig * (1 - sig)))
+    outs = (silu * b * dm, silu * dm, b * (sig + a * sig * (1 - sig)) * (gm * dm))
     return [_rnd(o, dtype, cast).to(dtype).reshape(shape) for o in outs]
 
 
-def ref_backward(dz, x, wg, wu, cast=round_nearest):
+def ref_backward(dz, x, wg, wu, cast=round_nearest, gm=1.0, dm=1.0):
     """(dx, dwg, dwu) in x's dtype, given the factors rounded as the forward stores them."""
     dtype = x.dtype
-    _, s, t = ref_forward(x, wg, wu, cast)
+    _, s, t = ref_forward(x, wg, wu, cast, gm, dm)
     k, n = x.shape[-1], wg.shape[0]
     dz64 = dz.double().reshape(-1, n)
     da = _rnd(dz64 * t.double().reshape(-1, n), dtype, cast)
@@ -58,6 +59,10 @@ def ref_backward(dz, x, wg, wu, cast=round_nearest):
 
 def _mlp_half(x, wg, wu):
     return F.silu(x @ wg.T) * (x @ wu.T)
+
+
+def _scaled_half(gm, dm):
+    return lambda x, wg, wu: F.silu(x @ wg.T * gm) * (x @ wu.T) * dm
 
 
 def _inputs(m, n, k, dtype=torch.float32, device="cpu", lead=None, grad=False, seed=None):
@@ -90,23 +95,26 @@ INTERP_CASES += [("persistent", torch.bfloat16, (37, 48, 80, (16, 16, 32))),
 @pytest.mark.parametrize("style,dtype,shape", INTERP_CASES,
                          ids=[f"{c[0]}-{str(c[1])[6:]}-{c[2][0]}x{c[2][1]}x{c[2][2]}"
                               for c in INTERP_CASES])
-def test_interpreter_forward(style, dtype, shape):
+@pytest.mark.parametrize("gm,dm", [(1.0, 1.0), (0.6, 1.7)])
+def test_interpreter_forward(style, dtype, shape, gm, dm):
+    """The plain variants (SCALED 0) and the SCALED ones with Falcon-H1-like multipliers."""
     mod = load_triton_src("swiglu_linear")
     m, n, k, (bm, bn, bk) = shape
     name = mod.kernel_name(style, mod.FLAG_ALIGNED)
     kernel = getattr(mod, name)
     x, wg, wu = _inputs(m, n, k, dtype)
-    zr, sr, tr = ref_forward(x, wg, wu, cast=round_toward_zero)
+    zr, sr, tr = ref_forward(x, wg, wu, cast=round_toward_zero, gm=gm, dm=dm)
     per_sm = mod.programs_per_sm(style, name)
     assert per_sm == (style == "persistent")
-    cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2, PER_SM=per_sm)
+    cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2, PER_SM=per_sm,
+              SCALED=int((gm, dm) != (1.0, 1.0)))
     grid = (3 if per_sm else cdiv(m, bm) * cdiv(n, bn),)
     z, s, t = (torch.full((m, n), float("nan"), dtype=dtype) for _ in range(3))
     # z only, then s and t only (the backward's recompute)
-    kernel[grid](x, wg, wu, z, s, t, m, n, k, 1, 0, **cx)
+    kernel[grid](x, wg, wu, z, s, t, m, n, k, 1, 0, gm, dm, **cx)
     assert_close(z, zr, dtype, factor=1.5, what="z")
     assert torch.isnan(s).all() and torch.isnan(t).all()
-    kernel[grid](x, wg, wu, z, s, t, m, n, k, 0, 1, **cx)
+    kernel[grid](x, wg, wu, z, s, t, m, n, k, 0, 1, gm, dm, **cx)
     assert_close(s, sr, dtype, factor=1.5, what="s")
     assert_close(t, tr, dtype, factor=1.5, what="t")
 
@@ -131,15 +139,17 @@ def test_variants_cover_every_dtype_and_flag():
     mod = load_triton_src("swiglu_linear")
     for arch in (80, 90, 100, 103, 120):
         keys = {(v.family, v.dtype, v.flags) for v in mod.variants(arch)}
-        assert len(keys) == len(mod.variants(arch)) == 2 * 3 * 2, arch
+        # per dtype: the forward plain / SCALED, each aligned or not; the gate gradients
+        assert len(keys) == len(mod.variants(arch)) == 3 * (4 + 2), arch
         for v in mod.variants(arch):
             assert hasattr(mod, v.kernel)
-            assert (v.flags == 0) == (v.divisible_by_16 == ())
+            assert (v.flags & mod.FLAG_ALIGNED == 0) == (v.divisible_by_16 == ())
             # TMA kernels need the aligned flag (16-byte aligned bases and row strides).
-            assert "_tma" not in v.kernel or v.flags == mod.FLAG_ALIGNED
+            assert "_tma" not in v.kernel or v.flags & mod.FLAG_ALIGNED
             if v.family == "swiglu_linear_fwd":
                 assert set(v.constexprs) == {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M",
-                                             "PER_SM"}
+                                             "PER_SM", "SCALED"}
+                assert v.constexprs["SCALED"] == int(bool(v.flags & mod.FLAG_SCALED))
                 # The C++ launcher runs a persistent grid where PER_SM > 0: only the TMA
                 # kernel walks several tiles per program.
                 assert v.constexprs["PER_SM"] == 0 or "_tma" in v.kernel
@@ -173,6 +183,73 @@ def test_cpu_forward_backward(dtype, lead, n, k, recompute):
                               ("dx", "dwg", "dwu")):
         assert got.dtype == dtype and got.shape == ref.shape
         assert_close(got, ref, dtype, factor=1.5, what=name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + (torch.float64,))
+@pytest.mark.parametrize("gm,dm", [(0.6, 1.7), (2.5, 1.0), (1.0, 0.25)])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_cpu_multipliers(dtype, gm, dm, recompute):
+    lead, n, k = (2, 3), 40, 24
+    x, wg, wu = _inputs(None, n, k, dtype, lead=lead, grad=True, seed=4)
+    z = fk.swiglu_linear(x, wg, wu, recompute, gate_multiplier=gm, down_multiplier=dm)
+    zr, _, _ = ref_forward(x, wg, wu, gm=gm, dm=dm)
+    assert_close(z, zr, dtype, what="z")
+    dz = randn(*lead, n, dtype=dtype, seed=7)
+    z.backward(dz)
+    refs = ref_backward(dz, x, wg, wu, gm=gm, dm=dm)
+    for got, ref, name in zip((x.grad, wg.grad, wu.grad), refs, ("dx", "dwg", "dwu")):
+        assert_close(got, ref, dtype, factor=1.5, what=name)
+    if dtype == torch.float32:  # and against plain autograd of the definition
+        want = ref_grads(_scaled_half(gm, dm), [x, wg, wu], dz)
+        for got, ref in zip((x.grad, wg.grad, wu.grad), want):
+            assert_close(got, ref, torch.float32, factor=2)
+
+
+def test_multipliers_gradcheck_opcheck_and_compile():
+    x, wg, wu = _inputs(4, 6, 5, torch.float64, grad=True, seed=1)
+    for recompute in (False, True):
+        assert torch.autograd.gradcheck(
+            lambda x, wg, wu: fk.swiglu_linear(x, wg, wu, recompute, 0.6, 1.7), (x, wg, wu))
+    xf, wgf, wuf = _inputs(4, 6, 5, grad=True, seed=2)
+    # The internal forward's checks as in test_opcheck (its backward writes over its saved
+    # outputs); the public op gets every check.
+    torch.library.opcheck(torch.ops.fk._swiglu_linear_forward,
+                          (xf.detach(), wgf.detach(), wuf.detach(), [True, True], 0.6, 1.7),
+                          test_utils=("test_schema", "test_faketensor"))
+    for recompute in (False, True):
+        torch.library.opcheck(torch.ops.fk.swiglu_linear,
+                              (xf, wgf, wuf, recompute, 2.5, 0.25))
+
+    def f(x, wg, wu):
+        return fk.swiglu_linear(x, wg, wu, gate_multiplier=0.6, down_multiplier=1.7)
+
+    torch._dynamo.reset()
+    out = torch.compile(f, fullgraph=True)(xf, wgf, wuf)
+    assert_close(out, _scaled_half(0.6, 1.7)(xf, wgf, wuf), torch.float32)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_fused_mlp_matches_falcon_h1_mlp(bias, recompute):
+    """fk.nn.FusedSwiGLUMLP with the multipliers against Hugging Face's FalconH1MLP."""
+    falcon = pytest.importorskip("transformers.models.falcon_h1.modeling_falcon_h1")
+    from transformers import FalconH1Config
+    config = FalconH1Config(hidden_size=32, intermediate_size=48, mlp_bias=bias,
+                            hidden_act="silu", mlp_multipliers=[0.6, 1.7])
+    torch.manual_seed(0)
+    ref = falcon.FalconH1MLP(config)
+    mlp = fk.nn.FusedSwiGLUMLP(32, 48, bias=bias, recompute=recompute, gate_multiplier=0.6,
+                               down_multiplier=1.7)
+    mlp.load_state_dict(ref.state_dict())
+    x = randn(3, 5, 32, seed=3).requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    out, want = mlp(x), ref(x2)
+    assert_close(out, want, torch.float32, factor=10)
+    out.pow(2).sum().backward()
+    want.pow(2).sum().backward()
+    assert_close(x.grad, x2.grad, torch.float32, factor=10)
+    for (name, p), q in zip(mlp.named_parameters(), ref.parameters()):
+        assert_close(p.grad, q.grad, torch.float32, factor=10, what=name)
 
 
 def test_cpu_matches_unrounded_autograd_in_fp32():
@@ -364,6 +441,18 @@ def test_bad_input_cpu_and_meta_agree(name, make, msg):
     assert cpu.startswith("fk::swiglu_linear: ")
 
 
+@pytest.mark.parametrize("gm,dm,name", [(float("inf"), 1.0, "gate_multiplier"),
+                                         (1.0, float("nan"), "down_multiplier")])
+def test_bad_multipliers_cpu_and_meta_agree(gm, dm, name):
+    msg = f"fk::swiglu_linear: {name} must be finite"
+    for grad in (False, True):
+        cpu, meta = error_lines(
+            lambda d: fk.swiglu_linear(_w(d, 2, 8).requires_grad_(grad), _w(d, 4, 8), _w(d, 4, 8),
+                                       gate_multiplier=gm, down_multiplier=dm),
+            ("cpu", "meta"), msg)
+        assert cpu == meta
+
+
 def test_bad_gate_grads_input_cpu_and_meta_agree():
     def call(d):
         return torch.ops.fk._swiglu_linear_gate_grads(_w(d, 3, 5), _w(d, 3, 4), _w(d, 3, 4))
@@ -515,18 +604,18 @@ CUDA_CASES = [((1,), 1, 1), ((1,), 17, 33), ((37,), 45, 70), ((3, 43), 129, 200)
               ((130,), 257, 16), ((257,), 96, 512), ((300,), 1000, 4096), ((2, 128), 1376, 512)]
 
 
-def _cuda_check(dtype, lead, n, k, recompute=False, needs=(True, True, True)):
+def _cuda_check(dtype, lead, n, k, recompute=False, needs=(True, True, True), gm=1.0, dm=1.0):
     x, wg, wu = _inputs(None, n, k, dtype, device="cuda", lead=lead)
     for t, need in zip((x, wg, wu), needs):
         t.requires_grad_(need)
     poison_cuda_cache()
-    z = fk.swiglu_linear(x, wg, wu, recompute)
+    z = fk.swiglu_linear(x, wg, wu, recompute, gm, dm)
     assert not torch.isnan(z).any(), "unwritten output elements"
-    assert_close(z, ref_forward(x, wg, wu)[0], dtype, factor=1.5, what="z")
+    assert_close(z, ref_forward(x, wg, wu, gm=gm, dm=dm)[0], dtype, factor=1.5, what="z")
     dz = randn(*lead, n, dtype=dtype, device="cuda")
     poison_cuda_cache()
     z.backward(dz)
-    refs = ref_backward(dz, x, wg, wu)
+    refs = ref_backward(dz, x, wg, wu, gm=gm, dm=dm)
     for t, need, ref, name in zip((x, wg, wu), needs, refs, ("dx", "dwg", "dwu")):
         if not need:
             assert t.grad is None
@@ -540,6 +629,15 @@ def _cuda_check(dtype, lead, n, k, recompute=False, needs=(True, True, True)):
 @pytest.mark.parametrize("lead,n,k", CUDA_CASES)
 def test_cuda_matches_reference(dtype, lead, n, k):
     _cuda_check(dtype, lead, n, k)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lead,n,k", CUDA_CASES)
+def test_cuda_multipliers(dtype, lead, n, k):
+    """The SCALED variants (pointer and TMA kernels, aligned or not), with recompute."""
+    _cuda_check(dtype, lead, n, k, gm=0.6, dm=1.7)
+    _cuda_check(dtype, lead, n, k, recompute=True, gm=2.5, dm=0.25)
 
 
 @pytest.mark.cuda

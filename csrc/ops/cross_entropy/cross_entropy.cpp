@@ -114,12 +114,12 @@ Tensor cross_entropy_den(const Tensor& target, const Tensor& weight, int64_t V,
 
 void cross_entropy_rows(const Tensor& logits, const Tensor& grad, const Tensor& target,
                         const Tensor& weight, const Tensor& den, const Tensor& loss_rows,
-                        const Tensor& z_rows, const CeOptions& o) {
+                        const Tensor& z_rows, const Tensor& pred, const CeOptions& o) {
   if (logits.size(0) == 0) return;
   if (logits.is_cuda()) {
-    cross_entropy_rows_cuda(logits, grad, target, weight, den, loss_rows, z_rows, o);
+    cross_entropy_rows_cuda(logits, grad, target, weight, den, loss_rows, z_rows, pred, o);
   } else {
-    cross_entropy_rows_cpu(logits, grad, target, weight, den, loss_rows, z_rows, o);
+    cross_entropy_rows_cpu(logits, grad, target, weight, den, loss_rows, z_rows, pred, o);
   }
 }
 
@@ -142,50 +142,65 @@ std::tuple<Tensor, Tensor> cross_entropy_reduce(const Tensor& loss_rows, const T
   return {aten::sum_all(loss_rows), aten::sum_all(z_rows)};
 }
 
+Tensor cross_entropy_accuracy(const Tensor& pred, const Tensor& target, int64_t ignore_index,
+                              CeReduction reduction) {
+  const auto keep = aten::ne(target, aten::scalar_int(ignore_index));
+  auto right = aten::to(aten::logical_and(aten::eq(pred, target), keep), kFloat);
+  if (reduction == CeReduction::None) return right;
+  return aten::sum_all(right) / aten::sum_all(keep, kFloat);  // 0 / 0 without rows
+}
+
 namespace {
 
-// Loss rows of contiguous logits x, gradient into grad (x itself, a new buffer, or none).
-std::tuple<Tensor, Tensor> run_forward(const Tensor& x, const Tensor& grad, const Tensor& target,
-                                       const std::optional<Tensor>& weight, const CeOptions& o) {
+// Loss rows of contiguous logits x, gradient into grad (x itself, a new buffer, or none):
+// (loss, z_loss, token_accuracy, predicted_tokens), the last two only with extras.
+std::tuple<Tensor, Tensor, Tensor, Tensor> run_forward(const Tensor& x, const Tensor& grad,
+                                                       const Tensor& target,
+                                                       const std::optional<Tensor>& weight,
+                                                       const CeOptions& o, bool extras) {
   const auto dtype = ce_loss_dtype(x);
   const int64_t n = x.size(0), v = x.size(1);
   auto loss_rows = aten::empty({n}, dtype, x.device());
   auto z_rows = aten::empty({n}, dtype, x.device());
+  Tensor pred, accuracy;
+  if (extras) pred = aten::empty({n}, kLong, x.device());
+  auto t = aten::contiguous(target);
   if (n > 0) {
-    auto t = aten::contiguous(target);
     Tensor w;
     if (has(weight)) w = aten::contiguous(aten::to(*weight, dtype));
     const auto den = cross_entropy_den(t, w, v, o.ignore_index, dtype, o.reduction);
     check_targets_in_range("fk::cross_entropy", t, v, o.ignore_index, den, o.reduction);
-    cross_entropy_rows(x, grad, t, w, den, loss_rows, z_rows, o);
+    cross_entropy_rows(x, grad, t, w, den, loss_rows, z_rows, pred, o);
   }
-  return cross_entropy_reduce(loss_rows, z_rows, o.reduction);
+  if (extras) accuracy = cross_entropy_accuracy(pred, t, o.ignore_index, o.reduction);
+  auto [loss, z] = cross_entropy_reduce(loss_rows, z_rows, o.reduction);
+  return {loss, z, accuracy, pred};
 }
 
 }  // namespace
 
-std::tuple<Tensor, Tensor, Tensor> cross_entropy_forward_impl(
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> cross_entropy_forward_impl(
     Tensor logits, Tensor target, std::optional<Tensor> weight, int64_t ignore_index,
     double label_smoothing, std::string reduction, double lse_square_scale,
-    std::optional<double> softcap, bool compute_grad) {
+    std::optional<double> softcap, bool compute_grad, bool extras) {
   const auto o = check_cross_entropy("fk::cross_entropy", logits, target, weight, ignore_index,
                                      label_smoothing, reduction, lse_square_scale, softcap);
   auto x = aten::contiguous(logits);
   Tensor grad;
   if (compute_grad) grad = aten::empty_like(x);
-  auto [loss, z] = run_forward(x, grad, target, weight, o);
-  return {loss, z, grad};
+  auto [loss, z, accuracy, pred] = run_forward(x, grad, target, weight, o, extras);
+  return {loss, z, grad, accuracy, pred};
 }
 
-std::tuple<Tensor, Tensor> cross_entropy_forward_inplace_impl(
+std::tuple<Tensor, Tensor, Tensor, Tensor> cross_entropy_forward_inplace_impl(
     Tensor logits, Tensor target, std::optional<Tensor> weight, int64_t ignore_index,
     double label_smoothing, std::string reduction, double lse_square_scale,
-    std::optional<double> softcap) {
+    std::optional<double> softcap, bool extras) {
   constexpr const char* op = "fk::_cross_entropy_forward_";
   const auto o = check_cross_entropy(op, logits, target, weight, ignore_index, label_smoothing,
                                      reduction, lse_square_scale, softcap);
   FK_CHECK(logits.is_contiguous(), op, ": logits must be contiguous");
-  return run_forward(logits, logits, target, weight, o);
+  return run_forward(logits, logits, target, weight, o, extras);
 }
 
 Tensor cross_entropy_backward_impl(Tensor grad, Tensor grad_loss) {
@@ -205,23 +220,22 @@ void cross_entropy_backward_inplace_impl(Tensor grad, Tensor grad_loss) {
 
 namespace {
 
-// cross_entropy below autograd (no gradient wanted, or inference): the losses of
+// cross_entropy below autograd (no gradient wanted, or inference): the outputs of
 // _cross_entropy_forward, no gradient. The autograd kernel is python/fk/ops/cross_entropy.py.
-std::tuple<Tensor, Tensor> cross_entropy_composite(Tensor logits, Tensor target,
-                                                   std::optional<Tensor> weight,
-                                                   int64_t ignore_index, double label_smoothing,
-                                                   std::string reduction,
-                                                   double lse_square_scale,
-                                                   std::optional<double> softcap, bool,
-                                                   std::optional<ScalarType> loss_dtype) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> cross_entropy_composite(
+    Tensor logits, Tensor target, std::optional<Tensor> weight, int64_t ignore_index,
+    double label_smoothing, std::string reduction, double lse_square_scale,
+    std::optional<double> softcap, bool, std::optional<ScalarType> loss_dtype,
+    bool return_token_accuracy, bool return_predicted_tokens) {
   constexpr const char* op = "fk::cross_entropy";
   check_cross_entropy(op, logits, target, weight, ignore_index, label_smoothing, reduction,
                       lse_square_scale, softcap);
   const auto out = ce_output_dtype(op, logits, loss_dtype);
-  auto r = aten::call_n<3>("fk::_cross_entropy_forward", "", logits, target, weight,
+  auto r = aten::call_n<5>("fk::_cross_entropy_forward", "", logits, target, weight,
                            ignore_index, label_smoothing, reduction, lse_square_scale, softcap,
-                           false);
-  return {aten::to(r[0], out), aten::to(r[1], out)};
+                           false, return_token_accuracy || return_predicted_tokens);
+  return {aten::to(r[0], out), aten::to(r[1], out),
+          return_token_accuracy ? r[3] : Tensor(), return_predicted_tokens ? r[4] : Tensor()};
 }
 
 }  // namespace
@@ -235,20 +249,28 @@ STABLE_TORCH_LIBRARY_FRAGMENT(fk, m) {
   // (None: the logits' dtype, as torch), rounded once. A target that is neither ignore_index
   // nor in [0, V) raises (on CUDA through a device-side assert). With grad_in_logits the
   // gradient is written into the logits' memory during the forward (see
-  // python/fk/ops/cross_entropy.py).
+  // python/fk/ops/cross_entropy.py). Returns (loss, z_loss, token_accuracy,
+  // predicted_tokens): token_accuracy (float32; per row for 'none', else the fraction of
+  // non-ignored rows whose argmax is the target, NaN without any) and predicted_tokens
+  // ((N,) int64 argmax of the softcapped logits, -100 for ignored rows) are None unless
+  // asked for; neither has a gradient.
   m.def("cross_entropy(Tensor logits, Tensor target, Tensor? weight=None, int ignore_index=-100, "
         "float label_smoothing=0.0, str reduction='mean', float lse_square_scale=0.0, "
-        "float? softcap=None, bool grad_in_logits=True, ScalarType? loss_dtype=None) "
-        "-> (Tensor, Tensor)");
-  // (loss, z_loss, grad): losses in float32 (float64 for float64 logits); grad is the gradient of loss with respect to logits for a
-  // grad_output of 1 (a new (N, V) tensor of logits' dtype), None unless compute_grad.
+        "float? softcap=None, bool grad_in_logits=True, ScalarType? loss_dtype=None, "
+        "bool return_token_accuracy=False, bool return_predicted_tokens=False) "
+        "-> (Tensor, Tensor, Tensor, Tensor)");
+  // (loss, z_loss, grad, token_accuracy, predicted_tokens): losses in float32 (float64 for
+  // float64 logits); grad is the gradient of loss with respect to logits for a grad_output
+  // of 1 (a new (N, V) tensor of logits' dtype), None unless compute_grad; the last two as
+  // cross_entropy returns them, None unless extras.
   m.def("_cross_entropy_forward(Tensor logits, Tensor target, Tensor? weight, int ignore_index, "
         "float label_smoothing, str reduction, float lse_square_scale, float? softcap, "
-        "bool compute_grad) -> (Tensor, Tensor, Tensor)");
-  // The same with the gradient written into logits (contiguous).
+        "bool compute_grad, bool extras) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // The same with the gradient written into logits (contiguous): (loss, z_loss,
+  // token_accuracy, predicted_tokens).
   m.def("_cross_entropy_forward_(Tensor(a!) logits, Tensor target, Tensor? weight, "
         "int ignore_index, float label_smoothing, str reduction, float lse_square_scale, "
-        "float? softcap) -> (Tensor, Tensor)");
+        "float? softcap, bool extras) -> (Tensor, Tensor, Tensor, Tensor)");
   // grad * grad_loss (a scalar, or (N,) for reduction 'none', scaling each row).
   m.def("_cross_entropy_backward(Tensor grad, Tensor grad_loss) -> Tensor");
   // The same in place (grad contiguous); on CUDA a no-op where grad_loss is 1.

@@ -29,7 +29,13 @@ struct CeOptions {
   CeReduction reduction = CeReduction::Mean;
   double lse_square_scale = 0.0;
   std::optional<double> softcap;
+  // Each row's loss, z-loss and gradient times p_y = softmax(logits)_y, a constant of the
+  // gradient (Liger Kernel's token scaling; fused_linear_cross_entropy's use_token_scaling).
+  bool token_scaling = false;
 };
+
+// The predicted token of an ignored row (triton_src/cross_entropy.py IGNORED_PREDICTION).
+constexpr int64_t kCeIgnoredPrediction = -100;
 
 // Shared by every backend: logits (N, V) floating with V >= 1; target (N,) int64 on the
 // same device; weight (V,) floating on the same device; label_smoothing in [0, 1];
@@ -78,10 +84,12 @@ Tensor cross_entropy_den(const Tensor& target, const Tensor& weight, int64_t V,
 // Per-row loss and z-loss of contiguous (M, V) `logits` into loss_rows / z_rows (M,),
 // scaled by the denominators `den` (cross_entropy_den's). With `grad` defined, also the
 // gradient of each row's loss, written into grad (M, V), which may be `logits` itself.
+// With `pred` defined (M,) int64, also each row's argmax over the (softcapped) logits, the
+// first maximum as torch.argmax (kCeIgnoredPrediction for an ignored row).
 // `weight` is the class weights in the loss dtype (float32 on CUDA) or undefined.
 void cross_entropy_rows(const Tensor& logits, const Tensor& grad, const Tensor& target,
                         const Tensor& weight, const Tensor& den, const Tensor& loss_rows,
-                        const Tensor& z_rows, const CeOptions& o);
+                        const Tensor& z_rows, const Tensor& pred, const CeOptions& o);
 
 // dst = src * grad_loss (a scalar, or one value per row), src and dst (M, V) contiguous;
 // dst may be src, and then a grad_loss of 1 leaves it untouched without reading it (CUDA).
@@ -91,29 +99,37 @@ void cross_entropy_scale(const Tensor& src, const Tensor& dst, const Tensor& gra
 std::tuple<Tensor, Tensor> cross_entropy_reduce(const Tensor& loss_rows, const Tensor& z_rows,
                                                 CeReduction reduction);
 
+// Token accuracy (float32) from the rows' predictions (cross_entropy_rows' pred): for
+// "none", per row 1 where the prediction is the target and 0 elsewhere (ignored rows 0);
+// else the fraction of non-ignored rows predicted right (NaN when there are none, as the
+// mean loss). On the device, no host synchronisation.
+Tensor cross_entropy_accuracy(const Tensor& pred, const Tensor& target, int64_t ignore_index,
+                              CeReduction reduction);
+
 // Device-specific halves of the pieces above (cross_entropy_cpu.cpp / _cuda.cpp).
 Tensor cross_entropy_den_cpu(const Tensor& target, const Tensor& weight, int64_t V,
                              int64_t ignore_index, ScalarType dtype);
 void cross_entropy_rows_cpu(const Tensor& logits, const Tensor& grad, const Tensor& target,
                             const Tensor& weight, const Tensor& den, const Tensor& loss_rows,
-                            const Tensor& z_rows, const CeOptions& o);
+                            const Tensor& z_rows, const Tensor& pred, const CeOptions& o);
 Tensor cross_entropy_den_cuda(const Tensor& target, const Tensor& weight, int64_t V,
                               int64_t ignore_index);
 void cross_entropy_rows_cuda(const Tensor& logits, const Tensor& grad, const Tensor& target,
                              const Tensor& weight, const Tensor& den, const Tensor& loss_rows,
-                             const Tensor& z_rows, const CeOptions& o);
+                             const Tensor& z_rows, const Tensor& pred, const CeOptions& o);
 void cross_entropy_scale_cuda(const Tensor& src, const Tensor& dst, const Tensor& grad_loss);
 
 // --- the registered internal ops (the CPU and CUDA backends register these) -------------
 
-std::tuple<Tensor, Tensor, Tensor> cross_entropy_forward_impl(
+// (loss, z_loss, grad, token_accuracy, predicted_tokens); the last two only with extras.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> cross_entropy_forward_impl(
     Tensor logits, Tensor target, std::optional<Tensor> weight, int64_t ignore_index,
     double label_smoothing, std::string reduction, double lse_square_scale,
-    std::optional<double> softcap, bool compute_grad);
-std::tuple<Tensor, Tensor> cross_entropy_forward_inplace_impl(
+    std::optional<double> softcap, bool compute_grad, bool extras);
+std::tuple<Tensor, Tensor, Tensor, Tensor> cross_entropy_forward_inplace_impl(
     Tensor logits, Tensor target, std::optional<Tensor> weight, int64_t ignore_index,
     double label_smoothing, std::string reduction, double lse_square_scale,
-    std::optional<double> softcap);
+    std::optional<double> softcap, bool extras);
 Tensor cross_entropy_backward_impl(Tensor grad, Tensor grad_loss);
 void cross_entropy_backward_inplace_impl(Tensor grad, Tensor grad_loss);
 

@@ -44,7 +44,7 @@ Tensor cross_entropy_den_cpu(const Tensor& target, const Tensor& weight, int64_t
 
 void cross_entropy_rows_cpu(const Tensor& logits, const Tensor& grad, const Tensor& target,
                             const Tensor& weight, const Tensor& den, const Tensor& loss_rows,
-                            const Tensor& z_rows, const CeOptions& o) {
+                            const Tensor& z_rows, const Tensor& pred, const CeOptions& o) {
   const auto dtype = loss_rows.scalar_type();
   const int64_t V = logits.size(1);
   const double ls = o.label_smoothing, s = o.lse_square_scale;
@@ -74,6 +74,16 @@ void cross_entropy_rows_cpu(const Tensor& logits, const Tensor& grad, const Tens
     ce = (1 - ls) * ce + (ls / V) * (sw * lse - sx);
   }
   auto z = s * lse * lse;
+  Tensor p_y;  // token scaling: softmax(x)_y, a constant factor of the row
+  if (o.token_scaling) {
+    p_y = aten::exp(x_y - lse);
+    ce = ce * p_y;
+    z = z * p_y;
+  }
+  if (pred.defined()) {
+    const auto arg = aten::call("aten::argmax", "", x, std::optional<int64_t>(1), false);
+    aten::copy_(pred, aten::where(keep, arg, aten::scalar_int(kCeIgnoredPrediction)));
+  }
   aten::copy_(loss_rows, aten::where(keep, ce * inv_dw + z * inv_dn, inv_dw * 0.0));
   aten::copy_(z_rows, aten::where(keep, z * inv_dn, inv_dn * 0.0));
   if (!grad.defined()) return;
@@ -87,6 +97,7 @@ void cross_entropy_rows_cpu(const Tensor& logits, const Tensor& grad, const Tens
                 (weight.defined() ? weight : aten::full({V}, 1.0, dtype, logits.device()));
   }
   if (o.softcap) g = g * (1.0 - t * t);
+  if (o.token_scaling) g = g * aten::unsqueeze(p_y, 1);
   g = aten::where(aten::unsqueeze(keep, 1), g, constant(0.0, dtype, logits));
   aten::copy_(grad, g);
 }

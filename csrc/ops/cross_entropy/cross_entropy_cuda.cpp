@@ -17,6 +17,7 @@ namespace {
 using runtime::KernelArgs;
 
 constexpr uint32_t kFlagGeneral = 2;  // triton_src/cross_entropy.py FLAG_GENERAL
+constexpr uint32_t kFlagExtra = 4;    // triton_src/cross_entropy.py FLAG_EXTRA
 
 int64_t sm_count(const Tensor& t) { return runtime::device_sm_count(t.device().index()); }
 
@@ -42,7 +43,7 @@ Tensor cross_entropy_den_cuda(const Tensor& target, const Tensor& weight, int64_
 
 void cross_entropy_rows_cuda(const Tensor& logits, const Tensor& grad, const Tensor& target,
                              const Tensor& weight, const Tensor& den, const Tensor& loss_rows,
-                             const Tensor& z_rows, const CeOptions& o) {
+                             const Tensor& z_rows, const Tensor& pred, const CeOptions& o) {
   constexpr const char* op = "fk::cross_entropy";
   const int64_t m = logits.size(0), v = logits.size(1);
   const bool write_grad = grad.defined();
@@ -50,10 +51,14 @@ void cross_entropy_rows_cuda(const Tensor& logits, const Tensor& grad, const Ten
   FK_CHECK(g.scalar_type() == logits.scalar_type() && logits.stride(1) == 1 && g.stride(1) == 1,
            op, ": internal error: the gradient must have the logits' dtype and both unit "
            "column strides");
-  const bool general = weight.defined() || o.label_smoothing > 0.0 || o.softcap.has_value();
+  // The argmax and token scaling run in the EXTRA variants, which are general ones.
+  const bool extra = pred.defined() || o.token_scaling;
+  const bool general =
+      extra || weight.defined() || o.label_smoothing > 0.0 || o.softcap.has_value();
   const bool aligned = v % 16 == 0 && logits.stride(0) % 16 == 0 && g.stride(0) % 16 == 0 &&
                        runtime::aligned16({&logits, &g});
-  const uint32_t flags = (aligned ? runtime::kFlagAligned : 0) | (general ? kFlagGeneral : 0);
+  const uint32_t flags = (aligned ? runtime::kFlagAligned : 0) | (general ? kFlagGeneral : 0) |
+                         (extra ? kFlagExtra : 0);
   static const auto& fam = runtime::family("cross_entropy_fwd");
   const auto& k = fam.pick(op, logits, std::min(v, fam.max_block(logits)), flags);
   // CHUNKS > 1: each row is split over a cluster of CHUNKS programs that exchange their
@@ -69,7 +74,8 @@ void cross_entropy_rows_cuda(const Tensor& logits, const Tensor& grad, const Ten
       .i64(logits.stride(0)).i64(g.stride(0)).i64(m).i32(v).i64(o.ignore_index)
       .f32(o.label_smoothing).f32(o.lse_square_scale).f32(o.softcap.value_or(1.0))
       .i32(weight.defined() ? 1 : 0).i32(o.softcap.has_value() ? 1 : 0)
-      .i32(write_grad ? 1 : 0);
+      .i32(write_grad ? 1 : 0).ptr(pred.defined() ? pred : target)
+      .i32(o.token_scaling ? 1 : 0);
   runtime::launch(op, k, logits.device(), {rows_at_once * chunks, 1, 1}, args);
 }
 

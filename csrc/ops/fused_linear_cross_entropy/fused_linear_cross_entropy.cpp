@@ -52,25 +52,28 @@ int64_t flce_chunk_rows(int64_t n, int64_t h, int64_t v, std::optional<int64_t> 
 
 namespace {
 
-// fused_linear_cross_entropy below autograd (no gradient wanted, or inference): the losses
-// only. The autograd kernel is python/fk/ops/fused_linear_cross_entropy.py.
-std::tuple<Tensor, Tensor> fused_linear_cross_entropy_composite(
+// fused_linear_cross_entropy below autograd (no gradient wanted, or inference): the outputs
+// without gradients. The autograd kernel is python/fk/ops/fused_linear_cross_entropy.py.
+std::tuple<Tensor, Tensor, Tensor, Tensor> fused_linear_cross_entropy_composite(
     Tensor x, Tensor weight, Tensor target, std::optional<Tensor> bias,
     std::optional<Tensor> ce_weight, int64_t ignore_index, double label_smoothing,
     std::string reduction, double lse_square_scale, std::optional<double> softcap,
     std::optional<int64_t> chunk_size, std::optional<ScalarType> accum_dtype,
-    std::optional<ScalarType> loss_dtype) {
+    std::optional<ScalarType> loss_dtype, bool use_token_scaling, bool return_token_accuracy,
+    bool return_predicted_tokens) {
   check_fused_linear_cross_entropy(x, weight, target, bias, ce_weight, ignore_index,
                                    label_smoothing, reduction, lse_square_scale, softcap,
                                    chunk_size, accum_dtype);
   const auto out = ce_output_dtype("fk::fused_linear_cross_entropy", x, loss_dtype);
   const std::array<bool, 3> no_grad{false, false, false};
-  auto r = aten::call_n<5>("fk::_fused_linear_cross_entropy_forward", "", x, weight, target,
+  auto r = aten::call_n<7>("fk::_fused_linear_cross_entropy_forward", "", x, weight, target,
                            bias, ce_weight, ignore_index, label_smoothing, reduction,
                            lse_square_scale, softcap, chunk_size, accum_dtype,
                            torch::headeronly::HeaderOnlyArrayRef<bool>(no_grad.data(), 3),
-                           std::optional<Tensor>());
-  return {aten::to(r[0], out), aten::to(r[1], out)};
+                           std::optional<Tensor>(), use_token_scaling,
+                           return_token_accuracy || return_predicted_tokens);
+  return {aten::to(r[0], out), aten::to(r[1], out),
+          return_token_accuracy ? r[5] : Tensor(), return_predicted_tokens ? r[6] : Tensor()};
 }
 
 }  // namespace
@@ -81,21 +84,28 @@ STABLE_TORCH_LIBRARY_FRAGMENT(fk, m) {
   // (N, H), weight (V, H), bias (V,), computed chunk_size rows at a time (chosen from the
   // shapes when None); accum_dtype: the dtype grad_weight / grad_bias are summed in
   // (default: the weight's); the losses are computed in float32 (float64 for float64 x) and
-  // returned in loss_dtype (None: x's dtype, as torch's linear + cross_entropy). See
+  // returned in loss_dtype (None: x's dtype, as torch's linear + cross_entropy).
+  // use_token_scaling: each row's loss (z-loss included) times its predicted probability
+  // of the target, softmax(logits)_target, taken as a constant (Liger Kernel's token
+  // scaling). Returns (loss, z_loss, token_accuracy, predicted_tokens), the last two as
+  // fk::cross_entropy returns them (None unless asked for). See
   // python/fk/ops/fused_linear_cross_entropy.py.
   m.def("fused_linear_cross_entropy(Tensor x, Tensor weight, Tensor target, Tensor? bias=None, "
         "Tensor? ce_weight=None, int ignore_index=-100, float label_smoothing=0.0, "
         "str reduction='mean', float lse_square_scale=0.0, float? softcap=None, "
-        "int? chunk_size=None, ScalarType? accum_dtype=None, ScalarType? loss_dtype=None) "
-        "-> (Tensor, Tensor)");
-  // (loss, z_loss, grad_x, grad_weight, grad_bias): the gradients where grad_mask (x,
-  // weight, bias) asks, for a grad_output of 1, or of grad_rows (N,) applied to each row
-  // of the logits' gradient before the products; None elsewhere.
+        "int? chunk_size=None, ScalarType? accum_dtype=None, ScalarType? loss_dtype=None, "
+        "bool use_token_scaling=False, bool return_token_accuracy=False, "
+        "bool return_predicted_tokens=False) -> (Tensor, Tensor, Tensor, Tensor)");
+  // (loss, z_loss, grad_x, grad_weight, grad_bias, token_accuracy, predicted_tokens): the
+  // gradients where grad_mask (x, weight, bias) asks, for a grad_output of 1, or of
+  // grad_rows (N,) applied to each row of the logits' gradient before the products; None
+  // elsewhere; the last two only with extras.
   m.def("_fused_linear_cross_entropy_forward(Tensor x, Tensor weight, Tensor target, "
         "Tensor? bias, Tensor? ce_weight, int ignore_index, float label_smoothing, "
         "str reduction, float lse_square_scale, float? softcap, int? chunk_size, "
-        "ScalarType? accum_dtype, bool[3] grad_mask, Tensor? grad_rows) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "ScalarType? accum_dtype, bool[3] grad_mask, Tensor? grad_rows, "
+        "bool use_token_scaling, bool extras) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(fk, CompositeExplicitAutograd, m) {

@@ -30,16 +30,19 @@ CeOptions check_fused_linear_cross_entropy(
 constexpr int64_t kFlceMinChunkRows = 1024;
 int64_t flce_chunk_rows(int64_t n, int64_t h, int64_t v, std::optional<int64_t> chunk_size);
 
-// (loss, z_loss, grad_x, grad_weight, grad_bias); a gradient is computed only where
-// grad_mask says so (grad_bias also needs a bias), for a grad_output of 1, or of
-// grad_rows (one value per row, reduction 'none') when given. The CPU and CUDA backends
-// register it (fused_linear_cross_entropy_chunked.cpp).
-using FlceResult = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+// (loss, z_loss, grad_x, grad_weight, grad_bias, token_accuracy, predicted_tokens); a
+// gradient is computed only where grad_mask says so (grad_bias also needs a bias), for a
+// grad_output of 1, or of grad_rows (one value per row, reduction 'none') when given;
+// use_token_scaling scales each row by softmax(logits)_target (CeOptions::token_scaling);
+// token_accuracy and predicted_tokens only with extras. The CPU and CUDA backends register
+// it (fused_linear_cross_entropy_chunked.cpp).
+using FlceResult = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 FlceResult fused_linear_cross_entropy_forward_impl(
     Tensor x, Tensor weight, Tensor target, std::optional<Tensor> bias,
     std::optional<Tensor> ce_weight, int64_t ignore_index, double label_smoothing,
     std::string reduction, double lse_square_scale, std::optional<double> softcap,
     std::optional<int64_t> chunk_size, std::optional<ScalarType> accum_dtype,
-    std::vector<bool> grad_mask, std::optional<Tensor> grad_rows);
+    std::vector<bool> grad_mask, std::optional<Tensor> grad_rows, bool use_token_scaling,
+    bool extras);
 
 }  // namespace fk::ops

@@ -105,11 +105,12 @@ FlceResult fused_linear_cross_entropy_forward_impl(
     std::optional<Tensor> ce_weight, int64_t ignore_index, double label_smoothing,
     std::string reduction, double lse_square_scale, std::optional<double> softcap,
     std::optional<int64_t> chunk_size, std::optional<ScalarType> accum_dtype,
-    std::vector<bool> grad_mask, std::optional<Tensor> grad_rows) {
-  const auto o = check_fused_linear_cross_entropy(x, weight, target, bias, ce_weight,
-                                                  ignore_index, label_smoothing, reduction,
-                                                  lse_square_scale, softcap, chunk_size,
-                                                  accum_dtype);
+    std::vector<bool> grad_mask, std::optional<Tensor> grad_rows, bool use_token_scaling,
+    bool extras) {
+  auto o = check_fused_linear_cross_entropy(x, weight, target, bias, ce_weight, ignore_index,
+                                            label_smoothing, reduction, lse_square_scale,
+                                            softcap, chunk_size, accum_dtype);
+  o.token_scaling = use_token_scaling;
   const int64_t n = x.size(0), h = x.size(1), v = weight.size(0);
   const auto dtype = ce_loss_dtype(x);
   const bool has_bias = has(bias);
@@ -133,14 +134,16 @@ FlceResult fused_linear_cross_entropy_forward_impl(
 
   auto loss_rows = aten::empty({n}, dtype, x.device());
   auto z_rows = aten::empty({n}, dtype, x.device());
-  Tensor gx, gw, gb;
+  Tensor gx, gw, gb, pred, accuracy;
   if (need_x) gx = aten::empty({n, h}, x.scalar_type(), x.device());
+  if (extras) pred = aten::empty({n}, kLong, x.device());
   if (n == 0) {
     // No rows: zero gradients.
     if (need_w) gw = aten::zeros({v, h}, weight.scalar_type(), weight.device());
     if (need_b) gb = aten::zeros({v}, b.scalar_type(), b.device());
+    if (extras) accuracy = cross_entropy_accuracy(pred, t, ignore_index, o.reduction);
     auto [loss, z] = cross_entropy_reduce(loss_rows, z_rows, o.reduction);
-    return {loss, z, gx, gw, gb};
+    return {loss, z, gx, gw, gb, accuracy, pred};
   }
 
   const auto den = cross_entropy_den(t, cw, v, ignore_index, dtype, o.reduction);
@@ -162,7 +165,8 @@ FlceResult fused_linear_cross_entropy_forward_impl(
       aten::mm_out(lg, xs, wt);
     }
     cross_entropy_rows(lg, any_grad ? lg : Tensor(), aten::narrow(t, 0, s, r), cw, den,
-                       aten::narrow(loss_rows, 0, s, r), aten::narrow(z_rows, 0, s, r), o);
+                       aten::narrow(loss_rows, 0, s, r), aten::narrow(z_rows, 0, s, r),
+                       extras ? aten::narrow(pred, 0, s, r) : Tensor(), o);
     if (!any_grad) continue;
     if (g_rows.defined()) cross_entropy_scale(lg, lg, aten::narrow(g_rows, 0, s, r));
     if (need_x) aten::mm_out(aten::narrow(gx, 0, s, r), lg, wc);
@@ -178,8 +182,9 @@ FlceResult fused_linear_cross_entropy_forward_impl(
   buf = Tensor();
   if (need_w) gw = w_sum->result();
   if (need_b) gb = aten::to(gb, b.scalar_type());
+  if (extras) accuracy = cross_entropy_accuracy(pred, t, ignore_index, o.reduction);
   auto [loss, z] = cross_entropy_reduce(loss_rows, z_rows, o.reduction);
-  return {loss, z, gx, gw, gb};
+  return {loss, z, gx, gw, gb, accuracy, pred};
 }
 
 }  // namespace fk::ops

@@ -15,19 +15,36 @@ const runtime::KernelFamily& backward_kernels() {
   return fam;
 }
 
-Tensor swiglu_cuda(Tensor a, Tensor b, bool) {
+constexpr uint32_t kFlagScaled = 2;  // triton_src/swiglu.py FLAG_SCALED
+
+// The multipliers as kernel arguments; the SCALED variants only where one is not 1.
+glu::Scalars multipliers(double gate_multiplier, double down_multiplier) {
+  const bool scaled = gate_multiplier != 1.0 || down_multiplier != 1.0;
+  return {2, {gate_multiplier, down_multiplier}, scaled ? kFlagScaled : 0};
+}
+
+Tensor swiglu_cuda(Tensor a, Tensor b, bool, double gate_multiplier, double down_multiplier) {
   check_swiglu(a, b);
-  return glu::forward(kSwigluNames.op, forward_kernels(), a, b);
+  check_swiglu_multipliers(kSwigluNames.op, gate_multiplier, down_multiplier);
+  return glu::forward(kSwigluNames.op, forward_kernels(), a, b,
+                      multipliers(gate_multiplier, down_multiplier));
 }
 
-std::tuple<Tensor, Tensor> swiglu_backward_cuda(Tensor grad_c, Tensor a, Tensor b) {
+std::tuple<Tensor, Tensor> swiglu_backward_cuda(Tensor grad_c, Tensor a, Tensor b,
+                                                double gate_multiplier,
+                                                double down_multiplier) {
   check_swiglu_backward(grad_c, a, b);
-  return glu::backward(kSwigluNames.backward, backward_kernels(), grad_c, a, b);
+  check_swiglu_multipliers(kSwigluNames.backward, gate_multiplier, down_multiplier);
+  return glu::backward(kSwigluNames.backward, backward_kernels(), grad_c, a, b,
+                       multipliers(gate_multiplier, down_multiplier));
 }
 
-void swiglu_backward_in_place_cuda(Tensor grad_c, Tensor a, Tensor b) {
+void swiglu_backward_in_place_cuda(Tensor grad_c, Tensor a, Tensor b, double gate_multiplier,
+                                   double down_multiplier) {
   check_swiglu_backward_in_place(grad_c, a, b);
-  glu::backward_in_place(kSwigluNames.backward_in_place, backward_kernels(), grad_c, a, b);
+  check_swiglu_multipliers(kSwigluNames.backward_in_place, gate_multiplier, down_multiplier);
+  glu::backward_in_place(kSwigluNames.backward_in_place, backward_kernels(), grad_c, a, b,
+                         multipliers(gate_multiplier, down_multiplier));
 }
 
 }  // namespace

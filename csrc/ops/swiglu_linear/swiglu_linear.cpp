@@ -42,25 +42,30 @@ namespace {
 // only the inputs when they are not returned (recompute). Without grad mode nothing will
 // differentiate the call, so only z is written. (fk.swiglu_linear in Python also skips the
 // factors when no input requires grad; the stable ABI has no requires_grad query.)
-Tensor swiglu_linear_composite(Tensor x, Tensor w_gate, Tensor w_up, bool recompute) {
+Tensor swiglu_linear_composite(Tensor x, Tensor w_gate, Tensor w_up, bool recompute,
+                               double gate_multiplier, double down_multiplier) {
   check_swiglu_linear(x, w_gate, w_up);
   const bool mask[2] = {true, !recompute && aoti_torch_grad_mode_is_enabled()};
   return aten::call_n<3>("fk::_swiglu_linear_forward", "", x, w_gate, w_up,
-                         torch::headeronly::HeaderOnlyArrayRef<bool>(mask, 2))[0];
+                         torch::headeronly::HeaderOnlyArrayRef<bool>(mask, 2), gate_multiplier,
+                         down_multiplier)[0];
 }
 
 }  // namespace
 }  // namespace fk::ops
 
 STABLE_TORCH_LIBRARY_FRAGMENT(fk, m) {
-  // silu(x @ w_gate^T) * (x @ w_up^T). x: (..., K); w_gate, w_up: (N, K) (nn.Linear
+  // silu(x @ w_gate^T * gate_multiplier) * (x @ w_up^T) * down_multiplier (the multipliers
+  // of Falcon-H1's MLP, 1 by default). x: (..., K); w_gate, w_up: (N, K) (nn.Linear
   // weights); result (..., N), contiguous. recompute: keep nothing for backward but the
   // inputs and recompute the backward factors there (one more forward GEMM).
-  m.def("swiglu_linear(Tensor x, Tensor w_gate, Tensor w_up, bool recompute=False) -> Tensor");
-  // (z, s, t) with s = silu(a), t = b * silu'(a) (a = x w_gate^T, b = x w_up^T), all of
-  // shape (..., N): z when output_mask[0], s and t when output_mask[1], else undefined.
-  m.def("_swiglu_linear_forward(Tensor x, Tensor w_gate, Tensor w_up, bool[2] output_mask) "
-        "-> (Tensor, Tensor, Tensor)");
+  m.def("swiglu_linear(Tensor x, Tensor w_gate, Tensor w_up, bool recompute=False, "
+        "float gate_multiplier=1.0, float down_multiplier=1.0) -> Tensor");
+  // (z, s, t) with s = dm silu(u), t = gm dm b silu'(u) (u = gm a, a = x w_gate^T,
+  // b = x w_up^T; gm, dm the multipliers), all of shape (..., N): z when output_mask[0], s
+  // and t when output_mask[1], else undefined.
+  m.def("_swiglu_linear_forward(Tensor x, Tensor w_gate, Tensor w_up, bool[2] output_mask, "
+        "float gate_multiplier=1.0, float down_multiplier=1.0) -> (Tensor, Tensor, Tensor)");
   // The elementwise step of the backward: (grad_a, grad_b) = (grad_out * t, grad_out * s),
   // products in fp32, each rounded once to the inputs' dtype; all three of one shape.
   m.def("_swiglu_linear_gate_grads(Tensor grad_out, Tensor t, Tensor s) -> (Tensor, Tensor)");

@@ -3,6 +3,7 @@
 // precision, each output rounded once to x's dtype. The backward's elementwise step likewise
 // (da = dz * t, db = dz * s, one rounding); its products run through torch in the autograd
 // formula, as on CUDA.
+#include "ops/swiglu/swiglu.h"
 #include "ops/swiglu_linear/swiglu_linear.h"
 #include "runtime/checks.h"
 
@@ -16,10 +17,13 @@ Tensor rows(const Tensor& t) {
   return aten::reshape(t, {m, t.size(-1)});
 }
 
+// With multipliers gm, dm: u = gm a, z = silu(u) b dm, s = dm silu(u), t = gm dm b silu'(u).
 std::tuple<Tensor, Tensor, Tensor> swiglu_linear_forward_cpu(Tensor x, Tensor w_gate,
                                                              Tensor w_up,
-                                                             std::vector<bool> output_mask) {
+                                                             std::vector<bool> output_mask,
+                                                             double gm, double dm) {
   check_swiglu_linear(x, w_gate, w_up);
+  check_swiglu_multipliers("fk::swiglu_linear", gm, dm);
   const auto acc = checks::acc_type(x);
   const auto dtype = x.scalar_type();
   auto sizes = sizes_vec(x);
@@ -27,8 +31,12 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_linear_forward_cpu(Tensor x, Tensor w_
   auto xf = aten::to(rows(x), acc);
   auto a = aten::matmul(xf, aten::t(aten::to(w_gate, acc)));
   auto b = aten::matmul(xf, aten::t(aten::to(w_up, acc)));
+  if (gm != 1.0) a = a * gm;
   auto sig = aten::sigmoid(a);
   auto silu = a * sig;
+  auto dsilu = sig + silu * (1.0 - sig);
+  if (dm != 1.0) silu = silu * dm;      // z and s carry dm
+  if (gm * dm != 1.0) dsilu = dsilu * (gm * dm);  // t carries gm dm
   auto out = [&](const Tensor& v) {
     return aten::contiguous(aten::reshape(aten::to(v, dtype), sizes));
   };
@@ -36,7 +44,7 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_linear_forward_cpu(Tensor x, Tensor w_
   if (output_mask[0]) z = out(silu * b);
   if (output_mask[1]) {
     s = out(silu);
-    t = out(b * (sig + silu * (1.0 - sig)));
+    t = out(b * dsilu);
   }
   return {z, s, t};
 }

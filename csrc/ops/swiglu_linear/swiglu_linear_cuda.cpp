@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "ops/glu/glu_cuda.h"
+#include "ops/swiglu/swiglu.h"
 #include "ops/swiglu_linear/swiglu_linear.h"
 #include "runtime/checks.h"
 #include "runtime/kernels.h"
@@ -37,11 +38,16 @@ int64_t tiles(const runtime::KernelSpec& k, const char* rows_block, int64_t rows
          checks::ceil_div(cols, k.constexpr_value(cols_block));
 }
 
+constexpr uint32_t kFlagScaled = 2;  // triton_src/swiglu_linear.py FLAG_SCALED
+
 std::tuple<Tensor, Tensor, Tensor> swiglu_linear_forward_cuda(Tensor x, Tensor w_gate,
                                                               Tensor w_up,
-                                                              std::vector<bool> output_mask) {
+                                                              std::vector<bool> output_mask,
+                                                              double gate_multiplier,
+                                                              double down_multiplier) {
   constexpr const char* op = "fk::swiglu_linear";
   check_swiglu_linear(x, w_gate, w_up);
+  check_swiglu_multipliers(op, gate_multiplier, down_multiplier);
   auto x2 = as_rows(x);
   auto wg = aten::contiguous(w_gate), wu = aten::contiguous(w_up);
   const int64_t m = x2.size(0), k = x2.size(1), n = wg.size(0);
@@ -60,10 +66,15 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_linear_forward_cuda(Tensor x, Tensor w
   }
 
   static const auto& fam = runtime::family("swiglu_linear_fwd");
-  const auto& kern = fam.pick(op, x2, 0, flags_for(n, k, {&x2, &wg, &wu, &z, &s, &t}));
+  // The SCALED variants only where a multiplier is not 1.
+  const bool scaled = gate_multiplier != 1.0 || down_multiplier != 1.0;
+  const auto& kern = fam.pick(op, x2, 0,
+                              flags_for(n, k, {&x2, &wg, &wu, &z, &s, &t}) |
+                                  (scaled ? kFlagScaled : 0));
   KernelArgs args;
   args.ptr(x2).ptr(wg).ptr(wu).ptr(z).ptr(s).ptr(t).i32(m).i32(n).i32(k)
-      .i32(output_mask[0] ? 1 : 0).i32(output_mask[1] ? 1 : 0);
+      .i32(output_mask[0] ? 1 : 0).i32(output_mask[1] ? 1 : 0).f32(gate_multiplier)
+      .f32(down_multiplier);
   // One program per tile, or a persistent grid of PER_SM programs per SM (at most one per
   // tile) walking the tiles.
   int64_t programs = tiles(kern, "BLOCK_M", m, "BLOCK_N", n);

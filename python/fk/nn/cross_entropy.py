@@ -37,12 +37,12 @@ class CrossEntropyLoss(nn.Module):
         self.loss_dtype = loss_dtype
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        loss, _ = torch.ops.fk.cross_entropy(logits, target, self.weight, self.ignore_index,
-                                             self.label_smoothing, self.reduction,
-                                             self.lse_square_scale, self.softcap,
-                                             self.grad_in_logits and not torch.jit.is_scripting(),
-                                             self.loss_dtype)
-        return loss
+        out = torch.ops.fk.cross_entropy(logits, target, self.weight, self.ignore_index,
+                                         self.label_smoothing, self.reduction,
+                                         self.lse_square_scale, self.softcap,
+                                         self.grad_in_logits and not torch.jit.is_scripting(),
+                                         self.loss_dtype)
+        return out[0]
 
     def extra_repr(self) -> str:
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "

@@ -2,11 +2,11 @@
 input checks of csrc/ops/glu/glu.h with the same messages, the fake kernels, and the
 autograd formula with the ``backward_in_place`` option.
 
-Each op ``fk::<name>(Tensor a, Tensor b, <extra args>, bool backward_in_place)`` comes with
-``fk::_<name>_backward(grad_c, a, b, <extra args>) -> (grad_a, grad_b)`` and
-``fk::_<name>_backward_(grad_c, a!, b!, <extra args>)``, which writes the gradients into a
-and b. The autograd formula is registered on the public op (its backward needs only a and
-b); it calls one of the two backward ops.
+Each op ``fk::<name>(Tensor a, Tensor b, <extra args>)``, one of the extra args ``bool
+backward_in_place``, comes with ``fk::_<name>_backward(grad_c, a, b, <the other extra
+args>) -> (grad_a, grad_b)`` and ``fk::_<name>_backward_(grad_c, a!, b!, <the other extra
+args>)``, which writes the gradients into a and b. The autograd formula is registered on
+the public op (its backward needs only a and b); it calls one of the two backward ops.
 """
 from __future__ import annotations
 
@@ -50,15 +50,19 @@ def check_backward_in_place(names: OpNames, grad_c, a, b) -> None:
 
 def register_fakes(names: OpNames, check_extra=lambda *extra: None) -> None:
     """Fake kernels of the three ops; `check_extra(*extra_args)` checks the op's own
-    arguments (geglu's `approximate`) after the tensor checks. The forward's fake kernel may
-    get fewer arguments than its schema has (the defaults left out), so `check_extra` takes
-    the schema's defaults."""
-    n_extra = len(getattr(torch.ops.fk, names.name).default._schema.arguments) - 3
+    arguments (geglu's `approximate`, swiglu's multipliers: every argument but a, b and
+    backward_in_place, in schema order) after the tensor checks. The forward's fake kernel
+    may get fewer arguments than its schema has (the defaults left out); those are filled
+    in from the schema."""
+    arguments = getattr(torch.ops.fk, names.name).default._schema.arguments
+    flag = [a.name for a in arguments].index("backward_in_place")
+    defaults = [a.default_value for a in arguments]
 
     @torch.library.register_fake(names.op)
     def _forward_fake(a, b, *args):
         check_inputs(names, a, b)
-        check_extra(*args[:n_extra])
+        full = list(args) + defaults[2 + len(args):]
+        check_extra(*(full[:flag - 2] + full[flag - 1:]))
         return torch.empty_like(a, memory_format=torch.contiguous_format)
 
     @torch.library.register_fake(names.backward)
@@ -97,12 +101,14 @@ def register_autograd(names: OpNames) -> None:
     Otherwise they are new tensors."""
     out_of_place = getattr(torch.ops.fk, f"_{names.name}_backward").default
     in_place = getattr(torch.ops.fk, f"_{names.name}_backward_").default
+    arguments = getattr(torch.ops.fk, names.name).default._schema.arguments
+    flag = [a.name for a in arguments].index("backward_in_place")
 
     def setup_context(ctx, inputs, output):
         a, b = inputs[0], inputs[1]
         ctx.save_for_backward(a, b)
-        ctx.extra = tuple(inputs[2:-1])
-        ctx.in_place = inputs[-1]
+        ctx.extra = tuple(inputs[2:flag]) + tuple(inputs[flag + 1:])
+        ctx.in_place = inputs[flag]
 
     def backward(ctx, grad_c):
         a, b = ctx.saved_tensors

@@ -110,7 +110,9 @@ def register() -> None:
             return each(range(a.ndim), lambda p: ([p, p], [p, p, p] + [None] * (extra - 1)))
         return forward, backward
 
-    for name, extra in (("swiglu", 1), ("geglu", 2)):
+    # (the non-tensor arguments after a and b: swiglu's backward_in_place and its two
+    # multipliers, geglu's approximate and backward_in_place; the backwards lack the flag)
+    for name, extra in (("swiglu", 3), ("geglu", 2)):
         forward, backward = _glu(extra)
         register_sharding(getattr(fk, name).default)(forward)
         register_sharding(getattr(fk, f"_{name}_backward").default)(backward)
@@ -119,15 +121,19 @@ def register() -> None:
 
     @register_sharding(fk._cross_entropy_forward.default)
     def _cross_entropy_forward(logits, target, weight, ignore_index, label_smoothing,
-                               reduction, lse_square_scale, softcap, compute_grad):
-        rest = [None] * 6
+                               reduction, lse_square_scale, softcap, compute_grad, extras):
+        # outputs: loss, z_loss, grad, and with extras token_accuracy, predicted_tokens
+        rest = [None] * 7
         w = opt(weight, rep)
-        rules = [([rep, rep, rep], [rep, rep, w] + rest)]
+
+        def ext(p):
+            return [p, p] if extras else [None, None]
+        rules = [([rep, rep, rep] + ext(rep), [rep, rep, w] + rest)]
         rows = Shard(0)
-        if reduction == "none":
-            rules.append(([rows, rows, rows], [rows, rows, w] + rest))
-        elif reduction == "sum":
-            rules.append(([Partial(), Partial(), rows], [rows, rows, w] + rest))
+        if reduction == "none":  # every output per row
+            rules.append(([rows, rows, rows] + ext(rows), [rows, rows, w] + rest))
+        elif reduction == "sum" and not extras:  # (an accuracy is a fraction, not a sum)
+            rules.append(([Partial(), Partial(), rows, None, None], [rows, rows, w] + rest))
         # "mean" over sharded rows: see fk.ops.cross_entropy (sum / count over all shards).
         return rules
 

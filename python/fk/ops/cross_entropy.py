@@ -9,7 +9,7 @@ logits require grad and in plain eager execution, and the backward scales it in 
 when the graph is not retained. The internal ops fk::_cross_entropy_forward(_) and
 fk::_cross_entropy_backward(_) have fake kernels and no autograd formula.
 """
-from typing import Optional, Tuple, Union
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch._C import DispatchKey
@@ -21,14 +21,41 @@ from ._sharding import reduce_partials, rows_sharded
 REDUCTIONS = ("mean", "sum", "none")
 _OP = "fk::cross_entropy"
 
+# The predicted token of an ignored row (csrc/ops/cross_entropy/cross_entropy.h).
+IGNORED_PREDICTION = -100
+
+
+class CrossEntropyOutput(NamedTuple):
+    """What :func:`fk.cross_entropy` and :func:`fk.fused_linear_cross_entropy` return when
+    ``return_token_accuracy`` or ``return_predicted_tokens`` is set (the fields of Liger
+    Kernel's output of the same name); a field not asked for is None."""
+    loss: torch.Tensor
+    z_loss: Optional[torch.Tensor] = None
+    token_accuracy: Optional[torch.Tensor] = None
+    predicted_tokens: Optional[torch.Tensor] = None
+
+
+def ce_output(loss, z_loss, token_accuracy, predicted_tokens, return_z_loss,
+              return_token_accuracy, return_predicted_tokens):
+    """The public functions' return value: the loss, ``(loss, z_loss)`` with only
+    return_z_loss, a CrossEntropyOutput when an extra output is asked for."""
+    if return_token_accuracy or return_predicted_tokens:
+        return CrossEntropyOutput(loss, z_loss if return_z_loss else None, token_accuracy,
+                                  predicted_tokens)
+    if return_z_loss:
+        return loss, z_loss
+    return loss
+
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
                   weight: Optional[torch.Tensor] = None, ignore_index: int = -100,
                   label_smoothing: float = 0.0, reduction: str = "mean",
                   lse_square_scale: float = 0.0, softcap: Optional[float] = None,
                   return_z_loss: bool = False, grad_in_logits: bool = True,
-                  loss_dtype: Optional[torch.dtype] = None
-                  ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+                  loss_dtype: Optional[torch.dtype] = None,
+                  return_token_accuracy: bool = False, return_predicted_tokens: bool = False
+                  ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor],
+                             CrossEntropyOutput]:
     """Cross entropy over a vocabulary, with the gradient computed in the forward pass.
 
     ``torch.nn.functional.cross_entropy(logits, target, weight, ignore_index=...,
@@ -73,22 +100,37 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
             it, or ``torch.float32`` (``float64``, ``bfloat16``, ``float16``). The losses
             are always computed in float32 (float64 for float64 logits) and rounded once to
             this dtype; the gradient does not depend on it.
+        return_token_accuracy: also return the token accuracy (float32, no gradient): for
+            ``"mean"`` and ``"sum"`` the fraction of non-ignored rows whose argmax over the
+            vocabulary is the target (NaN when every row is ignored, like the mean loss);
+            for ``"none"`` one value per row, 1.0 or 0.0 (0.0 for ignored rows), as Liger
+            Kernel returns it.
+        return_predicted_tokens: also return each row's argmax over the vocabulary
+            (``(N,)`` int64, no gradient; -100 for rows whose target is ``ignore_index``).
+
+        The argmax is taken over the logits the loss sees (after the softcap, which keeps
+        their order but may round large ones to ties), the first maximal index as
+        ``torch.argmax``, from the forward's own pass over each row (on CUDA a variant of
+        the kernel that tracks it; no second pass over the logits, no host
+        synchronisation). With NaN logits in a row its predicted token is unspecified (its
+        loss is NaN).
 
     Returns:
         The loss in ``loss_dtype``: a scalar, or ``(N,)`` for ``"none"``; with
-        ``return_z_loss``, ``(loss, z_loss)``. Differentiable in
+        ``return_z_loss``, ``(loss, z_loss)``; with ``return_token_accuracy`` or
+        ``return_predicted_tokens``, a :class:`CrossEntropyOutput` ``(loss, z_loss,
+        token_accuracy, predicted_tokens)`` whose fields not asked for are None.
+        Differentiable in
         ``logits`` (any ``grad_output``, per row for ``"none"``); the gradient is computed
         in float32 and rounded once to ``logits``' dtype, then scaled by ``grad_output``
         in the backward (a second rounding unless ``grad_output`` is 1). A double backward
         raises. No host synchronisation: the mean's denominator stays on the device, so
         the op can be captured in a CUDA graph.
     """
-    loss, z_loss = torch.ops.fk.cross_entropy(logits, target, weight, ignore_index,
-                                              label_smoothing, reduction, lse_square_scale,
-                                              softcap, grad_in_logits, loss_dtype)
-    if return_z_loss:
-        return loss, z_loss
-    return loss
+    out = torch.ops.fk.cross_entropy(logits, target, weight, ignore_index, label_smoothing,
+                                     reduction, lse_square_scale, softcap, grad_in_logits,
+                                     loss_dtype, return_token_accuracy, return_predicted_tokens)
+    return ce_output(*out, return_z_loss, return_token_accuracy, return_predicted_tokens)
 
 
 # --- checks and fake kernels (csrc/ops/cross_entropy/cross_entropy.cpp raises the same
@@ -162,22 +204,33 @@ def losses_like(like, n, reduction):
     return like.new_empty(shape, dtype=dtype), like.new_empty(shape, dtype=dtype)
 
 
+def extras_like(like, n, reduction, extras):
+    """Fake (token_accuracy, predicted_tokens) of n rows, (None, None) without extras."""
+    if not extras:
+        return None, None
+    shape = (n,) if reduction == "none" else ()
+    return (like.new_empty(shape, dtype=torch.float32),
+            like.new_empty((n,), dtype=torch.int64))
+
+
 @torch.library.register_fake("fk::_cross_entropy_forward")
 def _forward_fake(logits, target, weight, ignore_index, label_smoothing, reduction,
-                  lse_square_scale, softcap, compute_grad):
+                  lse_square_scale, softcap, compute_grad, extras):
     check_cross_entropy("fk::cross_entropy", logits, target, weight, ignore_index,
                         label_smoothing, reduction, lse_square_scale, softcap)
-    loss, z = losses_like(logits, logits.shape[0], reduction)
+    n = logits.shape[0]
+    loss, z = losses_like(logits, n, reduction)
     grad = logits.new_empty(logits.shape) if compute_grad else None
-    return loss, z, grad
+    return (loss, z, grad) + extras_like(logits, n, reduction, extras)
 
 
 @torch.library.register_fake("fk::_cross_entropy_forward_")
 def _forward_inplace_fake(logits, target, weight, ignore_index, label_smoothing, reduction,
-                          lse_square_scale, softcap):
+                          lse_square_scale, softcap, extras):
     check_cross_entropy("fk::_cross_entropy_forward_", logits, target, weight, ignore_index,
                         label_smoothing, reduction, lse_square_scale, softcap)
-    return losses_like(logits, logits.shape[0], reduction)
+    n = logits.shape[0]
+    return losses_like(logits, n, reduction) + extras_like(logits, n, reduction, extras)
 
 
 @torch.library.register_fake("fk::_cross_entropy_backward")
@@ -248,63 +301,73 @@ class _CrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, target, weight, ignore_index, label_smoothing, reduction,
-                lse_square_scale, softcap, grad_in_logits):
+                lse_square_scale, softcap, grad_in_logits, extras):
         ctx.set_materialize_grads(False)
         with torch._C._AutoDispatchBelowAutograd():
             if grad_in_logits and plain_eager(logits, target):
                 # The gradient goes into the logits, or into the one contiguous copy of them.
                 x = logits if logits.is_contiguous() else logits.contiguous()
-                loss, z = torch.ops.fk._cross_entropy_forward_(
+                loss, z, acc, pred = torch.ops.fk._cross_entropy_forward_(
                     x, target, weight, ignore_index, label_smoothing, reduction,
-                    lse_square_scale, softcap)
+                    lse_square_scale, softcap, extras)
                 if x is logits:
                     increment_version(logits)
                 grad = x
             else:
-                loss, z, grad = torch.ops.fk._cross_entropy_forward(
+                loss, z, grad, acc, pred = torch.ops.fk._cross_entropy_forward(
                     logits, target, weight, ignore_index, label_smoothing, reduction,
-                    lse_square_scale, softcap, True)
+                    lse_square_scale, softcap, True, extras)
         ctx.save_for_backward(grad)
-        # z_loss is part of loss already and is returned for logging: no gradient through it.
-        ctx.mark_non_differentiable(z)
-        return loss, z
+        # z_loss is part of loss already and is returned for logging, the token accuracy and
+        # predicted tokens are metrics: no gradient through them.
+        ctx.mark_non_differentiable(*(t for t in (z, acc, pred) if t is not None))
+        return loss, z, acc, pred
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_z):
-        # No grad_output for the loss: only z_loss was used, and it carries no gradient.
+    def backward(ctx, grad_loss, _grad_z, _grad_acc, _grad_pred):
+        # No grad_output for the loss: only the outputs without a gradient were used.
         if grad_loss is None:
-            return (None,) * 9
+            return (None,) * 10
         (grad,) = ctx.saved_tensors
-        return (scale_stored_grad(_OP, grad, grad_loss),) + (None,) * 8
+        return (scale_stored_grad(_OP, grad, grad_loss),) + (None,) * 9
 
 
 def _cross_entropy_autograd(keyset, logits, target, weight=None, ignore_index=-100,
                             label_smoothing=0.0, reduction="mean", lse_square_scale=0.0,
-                            softcap=None, grad_in_logits=True, loss_dtype=None):
+                            softcap=None, grad_in_logits=True, loss_dtype=None,
+                            return_token_accuracy=False, return_predicted_tokens=False):
     # The defaults are the schema's: the dispatcher may leave out arguments equal to them.
     out = output_dtype(_OP, logits, loss_dtype)
+    extras = return_token_accuracy or return_predicted_tokens
     if reduction == "mean" and weight is None and rows_sharded(logits):
         # Rows spread over ranks (a DTensor): the sum over all of them (a Partial DTensor)
         # divided by the number of non-ignored rows over all ranks; each rank's own mean
         # would weigh its rows by its own count. Returned replicated, as a mean is used.
         # (With class weights it is computed on replicated rows.)
-        loss, z = torch.ops.fk.cross_entropy(logits, target, None, ignore_index,
-                                             label_smoothing, "sum", lse_square_scale, softcap,
-                                             grad_in_logits, torch.float32)
+        if extras:
+            raise NotImplementedError(
+                "fk::cross_entropy: return_token_accuracy / return_predicted_tokens with "
+                "reduction='mean' over rows sharded across ranks (a DTensor) are not "
+                "supported; use reduction='none' there")
+        loss, z, _, _ = torch.ops.fk.cross_entropy(
+            logits, target, None, ignore_index, label_smoothing, "sum", lse_square_scale,
+            softcap, grad_in_logits, torch.float32)
         count = (target != ignore_index).sum()
-        return (reduce_partials(loss / count).to(out), reduce_partials(z / count).to(out))
+        return (reduce_partials(loss / count).to(out), reduce_partials(z / count).to(out),
+                None, None)
     if not (torch.is_grad_enabled() and logits.requires_grad):
         # No gradient wanted (class weights are not differentiated, as in torch): losses only.
         with torch._C._AutoDispatchBelowAutograd():
-            loss, z, _ = torch.ops.fk._cross_entropy_forward(
+            loss, z, _, acc, pred = torch.ops.fk._cross_entropy_forward(
                 logits, target, weight, ignore_index, label_smoothing, reduction,
-                lse_square_scale, softcap, False)
-        return loss.to(out), z.to(out)
-    loss, z = _CrossEntropyFunction.apply(logits, target, weight, ignore_index,
-                                          label_smoothing, reduction, lse_square_scale, softcap,
-                                          grad_in_logits)
+                lse_square_scale, softcap, False, extras)
+    else:
+        loss, z, acc, pred = _CrossEntropyFunction.apply(
+            logits, target, weight, ignore_index, label_smoothing, reduction, lse_square_scale,
+            softcap, grad_in_logits, extras)
     # Rounded once to the output dtype; autograd casts grad_output back to float32.
-    return loss.to(out), z.to(out)
+    return (loss.to(out), z.to(out), acc if return_token_accuracy else None,
+            pred if return_predicted_tokens else None)
 
 
 _lib = torch.library.Library("fk", "IMPL")

@@ -13,8 +13,9 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import _autocast, _checks as c
-from .cross_entropy import (check_ce_target_and_options, losses_like, output_dtype,
-                            raise_when_differentiated, scale_stored_grad)
+from .cross_entropy import (CrossEntropyOutput, ce_output, check_ce_target_and_options,
+                            extras_like, losses_like, output_dtype, raise_when_differentiated,
+                            scale_stored_grad)
 
 _OP = "fk::fused_linear_cross_entropy"
 
@@ -27,8 +28,12 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
                                softcap: Optional[float] = None, return_z_loss: bool = False,
                                chunk_size: Optional[int] = None,
                                accum_dtype: Optional[torch.dtype] = None,
-                               loss_dtype: Optional[torch.dtype] = None
-                               ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+                               loss_dtype: Optional[torch.dtype] = None,
+                               use_token_scaling: bool = False,
+                               return_token_accuracy: bool = False,
+                               return_predicted_tokens: bool = False
+                               ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor],
+                                          CrossEntropyOutput]:
     """The language-model head and its loss in one: ``fk.cross_entropy(x @ weight.T + bias,
     target, ce_weight, ...)`` without ever holding the ``(N, V)`` logits.
 
@@ -68,18 +73,29 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
             ``torch.float32`` (what Liger Kernel's fused linear cross entropy returns) /
             ``float64`` / ``bfloat16`` / ``float16``. Computed in float32 (float64 for
             float64 ``x``) and rounded once; the gradients do not depend on it.
+        use_token_scaling: multiply each row's loss (its z-loss and label smoothing terms
+            included) by the model's predicted probability of its target,
+            ``softmax(logits)[target]`` (of the softcapped logits), taken as a constant in
+            the gradient, as Liger Kernel's option of the same name: confident rows weigh
+            more. The ``"mean"`` still divides by the (weighted) count of non-ignored rows,
+            and a returned z-loss is scaled the same way. fk computes the probability in
+            float32 from the kernel's own logsumexp (Liger from a softmax in the logits'
+            dtype).
+        return_token_accuracy, return_predicted_tokens: as in :func:`fk.cross_entropy`
+            (the argmax of each row of ``x @ weight.T + bias``).
 
     Returns:
-        The loss, or ``(loss, z_loss)`` with ``return_z_loss``, in ``loss_dtype``.
+        The loss, or ``(loss, z_loss)`` with ``return_z_loss``, in ``loss_dtype``; with
+        ``return_token_accuracy`` or ``return_predicted_tokens`` a
+        :class:`fk.CrossEntropyOutput`, as :func:`fk.cross_entropy`.
         Differentiable in ``x``, ``weight`` and
         ``bias``; a double backward raises. No host synchronisation.
     """
-    loss, z_loss = torch.ops.fk.fused_linear_cross_entropy(
+    out = torch.ops.fk.fused_linear_cross_entropy(
         x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
-        lse_square_scale, softcap, chunk_size, accum_dtype, loss_dtype)
-    if return_z_loss:
-        return loss, z_loss
-    return loss
+        lse_square_scale, softcap, chunk_size, accum_dtype, loss_dtype, use_token_scaling,
+        return_token_accuracy, return_predicted_tokens)
+    return ce_output(*out, return_z_loss, return_token_accuracy, return_predicted_tokens)
 
 
 # --- checks and fake kernel (csrc/ops/fused_linear_cross_entropy/fused_linear_cross_entropy.cpp
@@ -112,7 +128,8 @@ def check_fused_linear_cross_entropy(x, weight, target, bias, ce_weight, ignore_
 
 @torch.library.register_fake("fk::_fused_linear_cross_entropy_forward")
 def _forward_fake(x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
-                  lse_square_scale, softcap, chunk_size, accum_dtype, grad_mask, grad_rows):
+                  lse_square_scale, softcap, chunk_size, accum_dtype, grad_mask, grad_rows,
+                  use_token_scaling, extras):
     check_fused_linear_cross_entropy(x, weight, target, bias, ce_weight, ignore_index,
                                      label_smoothing, reduction, lse_square_scale, softcap,
                                      chunk_size, accum_dtype)
@@ -120,7 +137,7 @@ def _forward_fake(x, weight, target, bias, ce_weight, ignore_index, label_smooth
     gx = x.new_empty(x.shape) if grad_mask[0] else None
     gw = weight.new_empty(weight.shape) if grad_mask[1] else None
     gb = bias.new_empty(bias.shape) if grad_mask[2] and bias is not None else None
-    return loss, z, gx, gw, gb
+    return (loss, z, gx, gw, gb) + extras_like(x, x.shape[0], reduction, extras)
 
 
 # --- autograd --------------------------------------------------------------------------------
@@ -136,39 +153,44 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, target, bias, ce_weight, ignore_index, label_smoothing,
-                reduction, lse_square_scale, softcap, chunk_size, accum_dtype, grad_mask):
+                reduction, lse_square_scale, softcap, chunk_size, accum_dtype, grad_mask,
+                use_token_scaling, extras):
         ctx.set_materialize_grads(False)
         deferred = reduction == "none"
         now = [False, False, False] if deferred else grad_mask
         with torch._C._AutoDispatchBelowAutograd():
-            loss, z, gx, gw, gb = torch.ops.fk._fused_linear_cross_entropy_forward(
+            loss, z, gx, gw, gb, acc, pred = torch.ops.fk._fused_linear_cross_entropy_forward(
                 x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
-                lse_square_scale, softcap, chunk_size, accum_dtype, now, None)
+                lse_square_scale, softcap, chunk_size, accum_dtype, now, None,
+                use_token_scaling, extras)
         ctx.deferred = deferred
         if deferred:
             ctx.save_for_backward(x, weight, target, bias, ce_weight)
             ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap,
-                           chunk_size, accum_dtype, grad_mask)
+                           chunk_size, accum_dtype, grad_mask, use_token_scaling)
         else:
             ctx.save_for_backward(gx, gw, gb)
-        # z_loss is part of loss already and is returned for logging: no gradient through it.
-        ctx.mark_non_differentiable(z)
-        return loss, z
+        # z_loss is part of loss already and is returned for logging, the token accuracy and
+        # predicted tokens are metrics: no gradient through them.
+        ctx.mark_non_differentiable(*(t for t in (z, acc, pred) if t is not None))
+        return loss, z, acc, pred
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_z):
-        out = [None] * 13
-        # No grad_output for the loss: only z_loss was used, and it carries no gradient.
+    def backward(ctx, grad_loss, _grad_z, _grad_acc, _grad_pred):
+        out = [None] * 15
+        # No grad_output for the loss: only the outputs without a gradient were used.
         if grad_loss is None:
             return tuple(out)
         if ctx.deferred:
             x, weight, target, bias, ce_weight = ctx.saved_tensors
-            ignore_index, ls, lse_square_scale, softcap, chunk_size, accum, mask = ctx.options
+            (ignore_index, ls, lse_square_scale, softcap, chunk_size, accum, mask,
+             token_scaling) = ctx.options
             create_graph = torch.is_grad_enabled()
             with torch.no_grad(), torch._C._AutoDispatchBelowAutograd():
-                _, _, gx, gw, gb = torch.ops.fk._fused_linear_cross_entropy_forward(
+                _, _, gx, gw, gb, _, _ = torch.ops.fk._fused_linear_cross_entropy_forward(
                     x, weight, target, bias, ce_weight, ignore_index, ls, "none",
-                    lse_square_scale, softcap, chunk_size, accum, mask, grad_loss)
+                    lse_square_scale, softcap, chunk_size, accum, mask, grad_loss,
+                    token_scaling, False)
             if create_graph:
                 gx, gw, gb = raise_when_differentiated(_OP, gx, gw, gb)
             out[0], out[1], out[3] = gx, gw, gb
@@ -186,25 +208,29 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
 def _fused_linear_cross_entropy_autograd(keyset, x, weight, target, bias=None, ce_weight=None,
                                          ignore_index=-100, label_smoothing=0.0,
                                          reduction="mean", lse_square_scale=0.0, softcap=None,
-                                         chunk_size=None, accum_dtype=None, loss_dtype=None):
+                                         chunk_size=None, accum_dtype=None, loss_dtype=None,
+                                         use_token_scaling=False, return_token_accuracy=False,
+                                         return_predicted_tokens=False):
     # The defaults are the schema's: the dispatcher may leave out arguments equal to them.
     out = output_dtype(_OP, x, loss_dtype)
+    extras = return_token_accuracy or return_predicted_tokens
     grad_mode = torch.is_grad_enabled()
     mask = [grad_mode and x.requires_grad, grad_mode and weight.requires_grad,
             grad_mode and bias is not None and bias.requires_grad]
     if not any(mask):
         # No gradient wanted (ce_weight is not differentiated): losses only.
         with torch._C._AutoDispatchBelowAutograd():
-            loss, z, _, _, _ = torch.ops.fk._fused_linear_cross_entropy_forward(
+            loss, z, _, _, _, acc, pred = torch.ops.fk._fused_linear_cross_entropy_forward(
                 x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
                 lse_square_scale, softcap, chunk_size, accum_dtype, [False, False, False],
-                None)
-        return loss.to(out), z.to(out)
-    loss, z = _FusedLinearCrossEntropyFunction.apply(
-        x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
-        lse_square_scale, softcap, chunk_size, accum_dtype, mask)
+                None, use_token_scaling, extras)
+    else:
+        loss, z, acc, pred = _FusedLinearCrossEntropyFunction.apply(
+            x, weight, target, bias, ce_weight, ignore_index, label_smoothing, reduction,
+            lse_square_scale, softcap, chunk_size, accum_dtype, mask, use_token_scaling, extras)
     # Rounded once to the output dtype; autograd casts grad_output back to float32.
-    return loss.to(out), z.to(out)
+    return (loss.to(out), z.to(out), acc if return_token_accuracy else None,
+            pred if return_predicted_tokens else None)
 
 
 _lib = torch.library.Library("fk", "IMPL")

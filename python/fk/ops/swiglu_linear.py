@@ -10,11 +10,15 @@ import torch
 
 from . import _autocast, _autograd, _checks as c
 from ._glu import can_write_grads_into_inputs
+from .swiglu import check_multipliers
 
 
 def swiglu_linear(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-                  recompute: bool = False) -> torch.Tensor:
-    """Fused SwiGLU projection: ``silu(x @ w_gate.T) * (x @ w_up.T)`` in one GEMM kernel.
+                  recompute: bool = False, gate_multiplier: float = 1.0,
+                  down_multiplier: float = 1.0) -> torch.Tensor:
+    """Fused SwiGLU projection: ``silu(x @ w_gate.T) * (x @ w_up.T)`` in one GEMM kernel
+    (``silu(x @ w_gate.T * gate_multiplier) * (x @ w_up.T) * down_multiplier`` with the
+    multipliers).
 
     The gated half of a Llama MLP (``down_proj`` is applied after it). Both products share
     one pass over ``x``; each output tile keeps two float32 accumulators and applies SiLU
@@ -31,6 +35,11 @@ def swiglu_linear(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
             True: nothing but ``x`` and the weights; the backward first runs the forward
             GEMM again to form them (half again the op's backward work; two output-sized
             tensors less memory held from the forward to the backward).
+        gate_multiplier, down_multiplier: Falcon-H1's MLP multipliers, as in
+            :func:`fk.swiglu` (the down multiplier belongs after ``down_proj``; here it is
+            applied before, which is the same without a ``down_proj`` bias). Applied in
+            float32 in the GEMM's epilogue and folded into the saved factors, so the
+            backward costs the same; with both 1.0 the kernels are those without them.
 
     Returns:
         ``(..., N)`` of ``x``'s dtype, contiguous. Differentiable in ``x``, ``w_gate`` and
@@ -58,7 +67,8 @@ def swiglu_linear(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     # grad mode is on but no input requires grad.
     keep_factors = (not recompute and torch.is_grad_enabled()
                     and (x.requires_grad or w_gate.requires_grad or w_up.requires_grad))
-    return torch.ops.fk._swiglu_linear_forward(x, w_gate, w_up, [True, keep_factors])[0]
+    return torch.ops.fk._swiglu_linear_forward(x, w_gate, w_up, [True, keep_factors],
+                                               gate_multiplier, down_multiplier)[0]
 
 
 # --- checks and fake kernels (csrc/ops/swiglu_linear/swiglu_linear.cpp raises the same
@@ -92,8 +102,9 @@ def check_swiglu_linear_gate_grads_in_place(grad_out, t, s):
 
 
 @torch.library.register_fake("fk::_swiglu_linear_forward")
-def _forward_fake(x, w_gate, w_up, output_mask):
+def _forward_fake(x, w_gate, w_up, output_mask, gate_multiplier=1.0, down_multiplier=1.0):
     check_swiglu_linear(x, w_gate, w_up)
+    check_multipliers("fk::swiglu_linear", gate_multiplier, down_multiplier)
     shape = (*x.shape[:-1], w_gate.shape[0])
 
     def make(want):
@@ -124,9 +135,10 @@ def _rows(t):
 
 
 def _setup_context(ctx, inputs, output):
-    x, w_gate, w_up, _output_mask = inputs
+    x, w_gate, w_up, _output_mask, gate_multiplier, down_multiplier = inputs
     _z, s, t = output
     ctx.save_for_backward(x, w_gate, w_up, s, t)
+    ctx.multipliers = (gate_multiplier, down_multiplier)
     # s and t are the backward's factors, not differentiable results; their gradients are
     # never formed (no zero tensors of z's size in the backward).
     ctx.mark_non_differentiable(*(f for f in (s, t) if f is not None))
@@ -137,9 +149,10 @@ def _backward(ctx, grad_z, _grad_s, _grad_t):
     x, w_gate, w_up, s, t = ctx.saved_tensors
     need_x, need_wg, need_wu = ctx.needs_input_grad[:3]
     if grad_z is None or not (need_x or need_wg or need_wu):
-        return None, None, None, None
+        return None, None, None, None, None, None
     if s is None:  # recompute
-        _, s, t = torch.ops.fk._swiglu_linear_forward(x, w_gate, w_up, [False, True])
+        _, s, t = torch.ops.fk._swiglu_linear_forward(x, w_gate, w_up, [False, True],
+                                                      *ctx.multipliers)
     # The gate gradients go over the saved (or recomputed) factors only where the backward may
     # overwrite what it saved and the factors allow it (plain, contiguous, separate tensors).
     if _autograd.may_overwrite_saved(ctx) and can_write_grads_into_inputs(t, s):
@@ -160,7 +173,7 @@ def _backward(ctx, grad_z, _grad_s, _grad_t):
             dwg = torch.mm(da2.t(), x2)
         if need_wu:
             dwu = torch.mm(db2.t(), x2)
-    return dx, dwg, dwu, None
+    return dx, dwg, dwu, None, None, None
 
 
 _autograd.register("fk::_swiglu_linear_forward", _backward, _setup_context)

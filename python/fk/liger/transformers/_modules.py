@@ -51,18 +51,20 @@ class CrossEntropyOutput:
     predicted_tokens: Optional[torch.Tensor] = None
 
 
-def check_extra_outputs(where, return_token_accuracy, return_predicted_tokens):
-    if return_token_accuracy:
-        unsupported(where, return_token_accuracy=True)
-    if return_predicted_tokens:
-        unsupported(where, return_predicted_tokens=True)
-
-
-def ce_result(out, return_z_loss):
-    if not return_z_loss:
+def ce_result(out, return_z_loss, return_token_accuracy, return_predicted_tokens):
+    """Liger's return value from what fk's cross entropy returned for the same request: the
+    loss alone, else a CrossEntropyOutput. Liger marks an ignored row's predicted token -1
+    where fk writes -100 (every other prediction is a class index, at least 0)."""
+    if not (return_z_loss or return_token_accuracy or return_predicted_tokens):
         return out
-    loss, z_loss = out
-    return CrossEntropyOutput(loss=loss, z_loss=z_loss)
+    if return_token_accuracy or return_predicted_tokens:
+        loss, z_loss, token_accuracy, predicted_tokens = out
+    else:
+        (loss, z_loss), token_accuracy, predicted_tokens = out, None, None
+    if predicted_tokens is not None:
+        predicted_tokens = predicted_tokens.clamp(min=-1)
+    return CrossEntropyOutput(loss=loss, z_loss=z_loss, token_accuracy=token_accuracy,
+                              predicted_tokens=predicted_tokens)
 
 
 class LigerRMSNorm(nn.Module):
@@ -185,25 +187,27 @@ class LigerGEGLUMLP(nn.Module):
 
 class LigerCrossEntropyLoss(nn.Module):
     """Cross entropy over ``(BT, V)`` logits (``fk.cross_entropy``; its gradient is written
-    into the logits' memory, as Liger's is). With ``return_z_loss``: a
-    :class:`CrossEntropyOutput`."""
+    into the logits' memory, as Liger's is). With ``return_z_loss``,
+    ``return_token_accuracy`` or ``return_predicted_tokens``: a :class:`CrossEntropyOutput`."""
 
     def __init__(self, weight=None, ignore_index=-100, lse_square_scale=0.0, label_smoothing=0.0,
                  reduction="mean", softcap=None, return_z_loss=False,
                  return_token_accuracy=False, return_predicted_tokens=False):
         super().__init__()
-        check_extra_outputs("LigerCrossEntropyLoss", return_token_accuracy,
-                            return_predicted_tokens)
         self.weight, self.ignore_index = weight, ignore_index
         self.lse_square_scale, self.label_smoothing = lse_square_scale, label_smoothing
         self.reduction, self.softcap, self.return_z_loss = reduction, softcap, return_z_loss
-        self.return_token_accuracy = self.return_predicted_tokens = False
+        self.return_token_accuracy = return_token_accuracy
+        self.return_predicted_tokens = return_predicted_tokens
 
     def forward(self, _input, target):
         out = cross_entropy(_input, target, self.weight, self.ignore_index, self.label_smoothing,
                             self.reduction, self.lse_square_scale, self.softcap,
-                            self.return_z_loss)
-        return ce_result(out, self.return_z_loss)
+                            self.return_z_loss,
+                            return_token_accuracy=self.return_token_accuracy,
+                            return_predicted_tokens=self.return_predicted_tokens)
+        return ce_result(out, self.return_z_loss, self.return_token_accuracy,
+                         self.return_predicted_tokens)
 
 
 class LigerFusedLinearCrossEntropyLoss(nn.Module):
@@ -215,23 +219,24 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
                  accum_dtype=None, use_token_scaling=False, return_token_accuracy=False,
                  return_predicted_tokens=False):
         super().__init__()
-        if use_token_scaling:
-            unsupported("LigerFusedLinearCrossEntropyLoss", use_token_scaling=True)
-        check_extra_outputs("LigerFusedLinearCrossEntropyLoss", return_token_accuracy,
-                            return_predicted_tokens)
         self.ce_weight, self.ignore_index = ce_weight, ignore_index
         self.lse_square_scale, self.label_smoothing = lse_square_scale, label_smoothing
         self.reduction, self.softcap, self.return_z_loss = reduction, softcap, return_z_loss
-        self.accum_dtype, self.use_token_scaling = accum_dtype, False
-        self.return_token_accuracy = self.return_predicted_tokens = False
+        self.accum_dtype, self.use_token_scaling = accum_dtype, use_token_scaling
+        self.return_token_accuracy = return_token_accuracy
+        self.return_predicted_tokens = return_predicted_tokens
 
     def forward(self, lin_weight, _input, target, bias=None):
         out = fused_linear_cross_entropy(
             _input, lin_weight, target, bias, self.ce_weight, self.ignore_index,
             self.label_smoothing, self.reduction, self.lse_square_scale, self.softcap,
             self.return_z_loss, accum_dtype=self.accum_dtype,
-            loss_dtype=torch.float32)  # Liger's loss is float32
-        return ce_result(out, self.return_z_loss)
+            loss_dtype=torch.float32,  # Liger's loss is float32
+            use_token_scaling=self.use_token_scaling,
+            return_token_accuracy=self.return_token_accuracy,
+            return_predicted_tokens=self.return_predicted_tokens)
+        return ce_result(out, self.return_z_loss, self.return_token_accuracy,
+                         self.return_predicted_tokens)
 
 
 class LigerSoftmax(nn.Module):

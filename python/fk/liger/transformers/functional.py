@@ -18,8 +18,7 @@ from ...ops.softmax import softmax
 from ...ops.sparsemax import sparsemax
 from ...ops.swiglu import swiglu
 from ...ops.tvd import tvd
-from ._modules import (CrossEntropyOutput, ce_result, check_extra_outputs,
-                       check_jsd_accum_dtype, unsupported)
+from ._modules import CrossEntropyOutput, ce_result, check_jsd_accum_dtype
 from .rope import liger_rotary_pos_emb
 
 
@@ -29,10 +28,11 @@ def liger_cross_entropy(input, target, weight=None, size_average=None, ignore_in
                         return_z_loss: bool = False, return_token_accuracy: bool = False,
                         return_predicted_tokens: bool = False):
     """``size_average`` / ``reduce`` are accepted and unused, as in Liger."""
-    check_extra_outputs("liger_cross_entropy", return_token_accuracy, return_predicted_tokens)
     out = cross_entropy(input, target, weight, ignore_index, label_smoothing, reduction,
-                        lse_square_scale, softcap, return_z_loss)
-    return ce_result(out, return_z_loss)
+                        lse_square_scale, softcap, return_z_loss,
+                        return_token_accuracy=return_token_accuracy,
+                        return_predicted_tokens=return_predicted_tokens)
+    return ce_result(out, return_z_loss, return_token_accuracy, return_predicted_tokens)
 
 
 def liger_fused_linear_cross_entropy(input, weight, target, bias=None, ce_weight=None,
@@ -46,15 +46,14 @@ def liger_fused_linear_cross_entropy(input, weight, target, bias=None, ce_weight
                                      chunk_mem_const: int = 1):
     """``chunk_mem_const`` (Liger's chunk sizing) is accepted and unused: fk sizes its
     chunks itself (see ``fk.fused_linear_cross_entropy``'s ``chunk_size``)."""
-    if use_token_scaling:
-        unsupported("liger_fused_linear_cross_entropy", use_token_scaling=True)
-    check_extra_outputs("liger_fused_linear_cross_entropy", return_token_accuracy,
-                        return_predicted_tokens)
     out = fused_linear_cross_entropy(input, weight, target, bias, ce_weight, ignore_index,
                                      label_smoothing, reduction, lse_square_scale, softcap,
                                      return_z_loss, accum_dtype=accum_dtype,
-                                     loss_dtype=torch.float32)  # Liger's loss is float32
-    return ce_result(out, return_z_loss)
+                                     loss_dtype=torch.float32,  # Liger's loss is float32
+                                     use_token_scaling=use_token_scaling,
+                                     return_token_accuracy=return_token_accuracy,
+                                     return_predicted_tokens=return_predicted_tokens)
+    return ce_result(out, return_z_loss, return_token_accuracy, return_predicted_tokens)
 
 
 def liger_fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight,
