@@ -885,7 +885,7 @@ def test_cuda_extra_outputs(dtype, v, option):
     test_cuda_graph_capture_extra_outputs)."""
     n = 37 if v <= 4097 else 9
     for reduction in REDUCTIONS:
-        x, t, w = _inputs(n, v, dtype, ignore=(1, 5), seed=v)
+        x, t, w = _inputs(n, v, dtype, "cuda", ignore=(1, 5), seed=v)
         x = _with_ties(x.cpu()).cuda()
         t[3] = int(x[3].float().argmax())
         kw = _kwargs(option, w, reduction)
@@ -909,7 +909,7 @@ def test_cuda_extra_outputs(dtype, v, option):
         with torch.no_grad():
             outm = fk.cross_entropy(xm, t, return_predicted_tokens=True, **kw)
         assert torch.equal(outm.predicted_tokens.cpu(), ref_pred)
-    assert "triton" not in sys.modules
+    assert sys.modules.get("triton") is None  # never imported (None: blocked by conftest)
 
 
 @pytest.mark.cuda

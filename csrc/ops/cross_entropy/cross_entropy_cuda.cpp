@@ -59,6 +59,10 @@ void cross_entropy_rows_cuda(const Tensor& logits, const Tensor& grad, const Ten
                        runtime::aligned16({&logits, &g});
   const uint32_t flags = (aligned ? runtime::kFlagAligned : 0) | (general ? kFlagGeneral : 0) |
                          (extra ? kFlagExtra : 0);
+  // The EXTRA variants store every row's argmax: into a scratch buffer where only token
+  // scaling was asked for (never into another argument's memory).
+  const Tensor pred_out =
+      pred.defined() ? pred : (extra ? aten::empty({m}, kLong, logits.device()) : target);
   static const auto& fam = runtime::family("cross_entropy_fwd");
   const auto& k = fam.pick(op, logits, std::min(v, fam.max_block(logits)), flags);
   // CHUNKS > 1: each row is split over a cluster of CHUNKS programs that exchange their
@@ -74,8 +78,7 @@ void cross_entropy_rows_cuda(const Tensor& logits, const Tensor& grad, const Ten
       .i64(logits.stride(0)).i64(g.stride(0)).i64(m).i32(v).i64(o.ignore_index)
       .f32(o.label_smoothing).f32(o.lse_square_scale).f32(o.softcap.value_or(1.0))
       .i32(weight.defined() ? 1 : 0).i32(o.softcap.has_value() ? 1 : 0)
-      .i32(write_grad ? 1 : 0).ptr(pred.defined() ? pred : target)
-      .i32(o.token_scaling ? 1 : 0);
+      .i32(write_grad ? 1 : 0).ptr(pred_out).i32(o.token_scaling ? 1 : 0);
   runtime::launch(op, k, logits.device(), {rows_at_once * chunks, 1, 1}, args);
 }
 
