@@ -330,7 +330,13 @@ _TINY_CONFIG = dict(
     decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=64, encoder_layers=1,
     encoder_attention_heads=2, encoder_ffn_dim=64, embedding_size=32, rotary_dim=8,
     hidden_dim=32, n_positions_max=64, max_seq_len=64, max_sequence_length=64,
-    vocab_size_per_layer_input=64, hidden_size_per_layer_input=8, pad_token_id=0,
+    vocab_size_per_layer_input=64, hidden_size_per_layer_input=8, n_heads=2, n_layers=1,
+    # state-space and linear-attention layers
+    mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_chunk_size=8,
+    ssm_state_size=8, mamba_num_heads=4, mamba_head_dim=16, n_groups=1, chunk_size=8,
+    moe_shared_expert_intermediate_size=32, linear_head_dim=16, linear_num_heads=2,
+    linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=1,
+    linear_num_value_heads=2, pad_token_id=0,
     bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
 
 

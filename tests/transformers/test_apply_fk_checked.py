@@ -167,6 +167,47 @@ def test_an_altered_module_next_to_genuine_ones():
     assert ft.report(model).by_status("patched") == []
 
 
+class GatedRMSNorm(RMSNorm):
+    """An RMSNorm with an optional gate input: fk's forward takes one input, so it stays."""
+
+    def forward(self, x, gate=None):
+        y = super().forward(x)
+        return y if gate is None else y * F.silu(gate)
+
+
+def test_module_with_a_second_input_is_left_alone():
+    model = Toy(GatedRMSNorm())
+    ft.apply_fk(model)
+    assert ft.patched(model) == {}
+    (entry,) = ft.report(model)
+    assert entry.status == "not recognized" and "more than one input" in entry.detail
+
+
+class NamedRMSNorm(RMSNorm):
+    def forward(self, hidden_states):
+        return super().forward(hidden_states)
+
+
+class NamedMLP(MLP):
+    def forward(self, hidden_states):
+        return super().forward(hidden_states)
+
+
+class CallsByName(Toy):
+    def forward(self, x):
+        for m in self.layers:
+            x = m(hidden_states=x)
+        return x
+
+
+def test_patched_module_takes_its_input_by_name():
+    ref = _perturb(CallsByName(NamedRMSNorm(), NamedMLP()))
+    model = copy.deepcopy(ref)
+    ft.apply_fk(model)
+    assert ft.patched(model) == {"rms_norm": 1, "swiglu": 1}
+    _assert_same(model, ref, torch.randn(2, 5, 32))
+
+
 def test_switched_off_kinds_are_not_checked():
     model = _perturb(Toy(RMSNorm(), MLP()))
     ft.apply_fk(model, rms_norm=False, layer_norm=False, swiglu=False)

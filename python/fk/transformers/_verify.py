@@ -228,6 +228,33 @@ def _eps(module):
     return None, None
 
 
+def takes_one_input(m):
+    """Whether the class's forward takes exactly one argument (the fk forwards take one: a
+    forward with more, e.g. a gated norm's ``(x, gate=None)``, would be called with them)."""
+    import inspect
+    try:
+        params = list(inspect.signature(type(m).forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return False
+    return len(params) == 1 and params[0].kind in (params[0].POSITIONAL_ONLY,
+                                                   params[0].POSITIONAL_OR_KEYWORD)
+
+
+def _by_name(m, forward):
+    """``forward`` (bound, one input) also taking its input by the name the class's forward
+    gives it (``self.mlp(hidden_states=h)``)."""
+    import inspect
+    name = list(inspect.signature(type(m).forward).parameters)[1]
+
+    def fk_forward(*args, **kwargs):
+        if name in kwargs:
+            args = (*args, kwargs.pop(name))
+        return forward(*args, **kwargs)
+    fk_forward.__name__ = fk_forward.__qualname__ = forward.__name__
+    fk_forward.__doc__ = forward.__doc__
+    return fk_forward
+
+
 def _norm_candidate(m):
     if next(m.children(), None) is not None:
         return False
@@ -313,7 +340,7 @@ def _mlp_variants(m, layout, flags):
 def _check_module(m, variants, make_input, dtypes, device, bind, key):
     verdict = _CACHE.get(key)
     if verdict is None:
-        forwards = [(label, bind(m, f, **kw)) for _, label, f, kw in variants]
+        forwards = [(label, _by_name(m, bind(m, f, **kw))) for _, label, f, kw in variants]
         verdict = _choose(m, forwards, make_input, dtypes, device)
         _CACHE[key] = verdict
     return verdict
@@ -485,6 +512,10 @@ def patch_checked(model, flags, skip, set_, bind):
         if p is None or p.device.type == "meta":
             continue
         device = p.device
+        if (_norm_candidate(m) or _mlp_layout(m) is not None) and not takes_one_input(m):
+            entries.append(Entry(name, cls, "not recognized", "",
+                                 "its forward takes more than one input"))
+            continue
         if _norm_candidate(m):
             variants = _norm_variants(m, flags)
             if not variants:
@@ -499,7 +530,7 @@ def patch_checked(model, flags, skip, set_, bind):
             kinds = {label: (kind, f, kw) for kind, label, f, kw in variants}
             if v.ok:
                 kind, f, kw = kinds[v.choice]
-                set_(m, kind, forward=bind(m, f, **kw))
+                set_(m, kind, forward=_by_name(m, bind(m, f, **kw)))
                 entries.append(Entry(name, cls, "patched", kind, v.detail))
             else:
                 entries.append(Entry(name, cls, "rejected", "rms_norm/layer_norm", v.detail))
@@ -524,7 +555,7 @@ def patch_checked(model, flags, skip, set_, bind):
                               bind, key)
             kind, _, f, kw = variants[0]
             if v.ok:
-                set_(m, kind, forward=bind(m, f, **kw))
+                set_(m, kind, forward=_by_name(m, bind(m, f, **kw)))
                 entries.append(Entry(name, cls, "patched", kind, f"{v.detail}"))
             else:
                 entries.append(Entry(name, cls, "rejected", kind, v.detail))
