@@ -128,31 +128,36 @@ ALTERED = [RMSNorm(variant="eps_outside"), RMSNorm(variant="eps_fixed"),
            MLP(variant="swapped"), MLP(dropout=0.1)]
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("i", range(len(GENUINE)))
-def test_genuine_modules_are_patched_and_match(i, dtype):
+def test_genuine_modules_are_patched_and_match(i, dtype, device):
     module, kind, variant = GENUINE[i]
-    ref = _perturb(Toy(copy.deepcopy(module))).to(dtype)
+    ref = _perturb(Toy(copy.deepcopy(module))).to(device, dtype)
     model = copy.deepcopy(ref)
     ft.apply_fk(model)
     assert ft.patched(model) == {kind: 1}
     (entry,) = ft.report(model).by_status("patched")
     assert entry.kind == kind and entry.detail.startswith(variant + ","), entry
-    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(1)).to(dtype)
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     _assert_same(model, ref, x, **tol)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("i", range(len(ALTERED)))
-def test_altered_modules_are_rejected_and_keep_their_code(i):
-    ref = _perturb(Toy(copy.deepcopy(ALTERED[i])))
+def test_altered_modules_are_rejected_and_keep_their_code(i, device):
+    ref = _perturb(Toy(copy.deepcopy(ALTERED[i]))).to(device)
     model = copy.deepcopy(ref)
     ft.apply_fk(model)
     assert ft.patched(model) == {}
     assert "forward" not in model.layers[0].__dict__
     (entry,) = ft.report(model).by_status("rejected")
     assert entry.name == "layers.0" and "tolerance" in entry.detail, entry
-    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(1)) * 20
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(1)).to(device) * 20
     _assert_same(model, ref, x, rtol=0, atol=0)
 
 
@@ -317,6 +322,29 @@ def test_check_cost_of_a_many_layer_model():
     assert ft.patched(big) == {"rms_norm": 65, "swiglu": 32, "fused_linear_cross_entropy": 1,
                                "cross_entropy": 1}
     print(f"apply_fk with checks, 32 layers: {elapsed:.3f} s")
+    assert elapsed < 1.0
+
+
+@pytest.mark.cuda
+def test_check_cost_of_an_8b_shaped_model_on_cuda():
+    """Llama-3-8B's shapes (hidden 4096, MLP 14336, vocab 128256) in bfloat16, 2 layers:
+    the checks (one per kind of module, the head with its real weight) take well under a
+    second once CUDA is initialised."""
+    ft.apply_fk(tiny_causal_lm(UNKNOWN).cuda())  # CUDA, cuBLAS and fk's kernels loaded
+    config = transformers.CONFIG_MAPPING[UNKNOWN](
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    _verify._CACHE.clear()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    ft.apply_fk(model)
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t
+    print(f"apply_fk with checks, 8B shapes on {torch.cuda.get_device_name()}: {elapsed:.3f} s")
+    assert ft.patched(model) == {"rms_norm": 5, "swiglu": 2, "fused_linear_cross_entropy": 1,
+                                 "cross_entropy": 1}
     assert elapsed < 1.0
 
 
