@@ -226,6 +226,29 @@ def test_switched_off_kinds_are_not_checked():
                                                               ("not recognized", "swiglu/geglu")]
 
 
+def test_patching_under_no_grad_and_autocast_still_checks():
+    ref = _perturb(Toy(RMSNorm(), MLP(variant="swapped")))
+    model = copy.deepcopy(ref)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ft.apply_fk(model)
+    assert ft.patched(model) == {"rms_norm": 1}
+    assert [e.status for e in ft.report(model)] == ["patched", "rejected"]
+
+
+def test_comparison_of_non_finite_values():
+    inf, nan = float("inf"), float("nan")
+    want = torch.tensor([1.0, inf, -inf, 2.0])
+    assert _verify._diff(want.clone(), want, "x") == 0.0
+    for got in ([1.0, inf, inf, 2.0], [1.0, 3.0, -inf, 2.0], [nan, inf, -inf, 2.0]):
+        with pytest.raises(_verify.Mismatch):
+            _verify._diff(torch.tensor(got), want, "x")
+    with pytest.raises(_verify.Mismatch, match="differs by"):
+        _verify._diff(torch.tensor([1.0, nan]), torch.tensor([1.0, 2.0]), "x")
+    with pytest.raises(_verify.Mismatch, match="differs by"):
+        _verify._diff(torch.tensor([1.0, 2.001]), torch.tensor([1.0, 2.0]), "x")
+    assert _verify._diff(torch.tensor([1.0, 2.00001]), torch.tensor([1.0, 2.0]), "x") <= 1
+
+
 def test_checked_once_per_class_and_configuration(monkeypatch):
     calls = []
     choose = _verify._choose

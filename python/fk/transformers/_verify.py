@@ -514,7 +514,21 @@ def check_head(model, fused_forward, loss_function):
 def patch_checked(model, flags, skip, set_, bind):
     """Patches every candidate of ``model`` not in ``skip`` (ids of modules already
     patched) that passes its check, through ``set_(module, kind, **attrs)``; returns the
-    report entries of the candidates (patched and rejected)."""
+    report entries of the candidates (patched and rejected). The checks run with autograd
+    on and autocast off, whatever the caller's context."""
+    with torch.inference_mode(False), torch.enable_grad():
+        autocast = [torch.autocast(d, enabled=False) for d in ("cpu", "cuda")
+                    if d == "cpu" or torch.cuda.is_available()]
+        for a in autocast:
+            a.__enter__()
+        try:
+            return _patch_checked(model, flags, skip, set_, bind)
+        finally:
+            for a in reversed(autocast):
+                a.__exit__(None, None, None)
+
+
+def _patch_checked(model, flags, skip, set_, bind):
     entries = []
     names = {id(m): n for n, m in model.named_modules()}
     for m in model.modules():
