@@ -235,7 +235,9 @@ def test_patching_under_no_grad_and_autocast_still_checks():
     assert [e.status for e in ft.report(model)] == ["patched", "rejected"]
 
 
-def test_comparison_of_non_finite_values():
+@pytest.mark.parametrize("chunk", [1 << 22, 1])
+def test_comparison_of_non_finite_values(chunk, monkeypatch):
+    monkeypatch.setattr(_verify, "_CHUNK", chunk)  # 1: every element a chunk of its own
     inf, nan = float("inf"), float("nan")
     want = torch.tensor([1.0, inf, -inf, 2.0])
     assert _verify._diff(want.clone(), want, "x") == 0.0
