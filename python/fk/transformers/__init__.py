@@ -55,6 +55,12 @@ embeddings are patched for the table's model types only. :func:`report` tells wh
 patched, what was checked and rejected (and why) and what was not recognized.
 ``strict=True``: the table only; another model type raises ``ValueError``.
 
+On load and with the Trainer: ``AutoFkModelForCausalLM.from_pretrained(path, **options)``
+(or ``.from_config``) returns the patched model (apply_fk's keywords among the others); a
+model built elsewhere can be patched by ``apply_fk(model)`` before ``Trainer(model=...)``, or
+by ``Trainer(..., callbacks=[FkCallback(**options)])`` when training begins (patch before
+the Trainer wraps the model for FSDP / DeepSpeed).
+
 Only instance attributes change; classes, parameters and buffers are untouched, so other
 instances of the same classes keep Hugging Face's code and the state dict is unchanged.
 Mixed dtypes (float32 weights under autocast): the norms cast their weight to the input's
