@@ -213,6 +213,25 @@ def test_patched_module_takes_its_input_by_name():
     _assert_same(model, ref, torch.randn(2, 5, 32))
 
 
+def test_tiled_mlp_option_on_a_checked_mlp():
+    ref = _perturb(Toy(MLP(), MLP(act="gelu_tanh")))
+    model = copy.deepcopy(ref)
+    ft.apply_fk(model, tiled_mlp=True, num_shards=2)
+    assert ft.patched(model) == {"tiled_mlp": 2}
+    _assert_same(model, ref, torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(4)))
+
+
+def test_report_of_a_table_model():
+    model = ft.apply_fk(tiny_hf_model("phi"))
+    report = ft.report(model)
+    assert {e.detail for e in report.by_status("patched")} == {"table (phi)"}
+    assert len(report.by_status("patched")) == sum(ft.patched(model).values())
+    unrecognized = {e.cls for e in report.by_status("not recognized")}
+    assert "PhiMLP" in unrecognized  # no gate: Hugging Face's
+    assert "PhiAttention" not in unrecognized  # its rotary embedding is patched
+    assert "patched:" in str(report) and "not recognized:" in str(report)
+
+
 def test_switched_off_kinds_are_not_checked():
     model = _perturb(Toy(RMSNorm(), MLP()))
     ft.apply_fk(model, rms_norm=False, layer_norm=False, swiglu=False)
