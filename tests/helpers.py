@@ -390,3 +390,70 @@ def run_distributed(fn, *args, world_size=2, backend="gloo", device="cpu"):
                  args=(fn, world_size, backend, device, init_file, tmp, args))
         return [torch.load(os.path.join(tmp, f"{r}.pt"), weights_only=False)
                 for r in range(world_size)]
+
+
+# Tiny sizes for any causal-LM config: each name that the model type's config has is set.
+_TINY_CONFIG = dict(
+    vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
+    moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+    num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+    first_k_dense_replace=0, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
+    qk_nope_head_dim=8, v_head_dim=16, n_embd=32, n_layer=1, n_head=2, n_positions=64,
+    n_inner=64, d_model=32, ffn_dim=64, num_layers=1, num_heads=2, d_ff=64, d_kv=16,
+    decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=64, encoder_layers=1,
+    encoder_attention_heads=2, encoder_ffn_dim=64, embedding_size=32, rotary_dim=8,
+    hidden_dim=32, n_positions_max=64, max_seq_len=64, max_sequence_length=64,
+    vocab_size_per_layer_input=64, hidden_size_per_layer_input=8, n_heads=2, n_layers=1,
+    # state-space and linear-attention layers
+    mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_chunk_size=8,
+    ssm_state_size=8, mamba_num_heads=4, mamba_head_dim=16, n_groups=1, chunk_size=8,
+    moe_shared_expert_intermediate_size=32, linear_head_dim=16, linear_num_heads=2,
+    linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=1,
+    linear_num_value_heads=2, pad_token_id=0,
+    bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+
+
+def _tiny_kwargs(default, layers):
+    kw = {k: v for k, v in _TINY_CONFIG.items() if k in default}
+    if "qk_rope_head_dim" in default:  # multi-head latent attention: head_dim is the rope part
+        kw.pop("head_dim", None)
+    for name in ("num_hidden_layers", "n_layer", "num_layers", "decoder_layers"):
+        if name in kw:
+            kw[name] = layers
+    return kw
+
+
+def tiny_causal_lm(model_type, seed=0):
+    """A randomly initialised float32 ``AutoModelForCausalLM`` of any model type, built from
+    its default config with every size the config has made tiny (1 layer, or 2 where the
+    config wants more, hidden 32, vocab 64), eager attention where the model has it, no
+    cache, and 1-D parameters perturbed (so that norm weights are not all ones). Raises
+    whatever the model's construction raises."""
+    from transformers import AutoModelForCausalLM, CONFIG_MAPPING
+    cls = CONFIG_MAPPING[model_type]
+    default = cls().to_dict()
+    for layers in (1, 2):
+        kw = _tiny_kwargs(default, layers)
+        for sub in ("text_config", "decoder"):  # composite configs: the language model's
+            if isinstance(default.get(sub), dict):
+                kw[sub] = _tiny_kwargs(default[sub], layers)
+        try:
+            config = cls(**kw)
+            break
+        except Exception:
+            if layers == 2:
+                raise
+    config._attn_implementation = "eager"
+    config.use_cache = False
+    with torch.device("meta"):  # sizes the config does not name stay at their defaults
+        size = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    if size > 5_000_000:
+        raise ValueError(f"not tiny: {size} parameters at the tiny sizes")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model

@@ -251,7 +251,7 @@ def test_unsupported_model_type_names_the_supported_ones():
     config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)
     model = transformers.GPT2LMHeadModel(config)
     with pytest.raises(ValueError) as e:
-        ft.apply_fk(model)
+        ft.apply_fk(model, strict=True)
     msg = str(e.value)
     assert "'gpt2' is not supported" in msg
     assert all(t in msg for t in ft.SUPPORTED_MODEL_TYPES)

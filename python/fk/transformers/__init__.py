@@ -59,6 +59,22 @@ fk). A head still distributed in the loss (tensor-parallel) raises; use
 DTensors (see ``fk/ops/_sharding.py``), so modules parallelized with
 ``torch.distributed.tensor.parallel`` (SequenceParallel norms) keep fk's kernels.
 
+Other models (``strict``): on a model type outside the table, or on any model with
+``strict=False``, the modules the table does not name are found by what they are (a norm: a
+1-D ``weight`` and an ``eps`` / ``variance_epsilon``; a gated MLP: ``gate_proj`` /
+``up_proj`` / ``down_proj`` and an activation fk has; the causal-LM head and its loss) and
+each is patched only if its own forward and fk's agree on a small random input (output and
+gradients, within the dtype's tolerance; once per module class and configuration). Rotary
+embeddings are patched for the table's model types only. :func:`report` tells what was
+patched, what was checked and rejected (and why) and what was not recognized.
+``strict=True``: the table only; another model type raises ``ValueError``.
+
+On load and with the Trainer: ``AutoFkModelForCausalLM.from_pretrained(path, **options)``
+(or ``.from_config``) returns the patched model (apply_fk's keywords among the others); a
+model built elsewhere can be patched by ``apply_fk(model)`` before ``Trainer(model=...)``, or
+by ``Trainer(..., callbacks=[FkCallback(**options)])`` when training begins (patch before
+the Trainer wraps the model for FSDP / DeepSpeed).
+
 Only instance attributes change; classes, parameters and buffers are untouched, so other
 instances of the same classes keep Hugging Face's code and the state dict is unchanged.
 Mixed dtypes (float32 weights under autocast): the norms cast their weight to the input's
@@ -66,7 +82,7 @@ dtype and return that dtype; the fused loss runs in the autocast dtype.
 """
 from typing import Optional
 
-from ._patch import KINDS, OPT_IN_KINDS, apply as _apply, patched, revert as _revert
+from ._patch import KINDS, OPT_IN_KINDS, apply as _apply, patched, report, revert as _revert
 from ._table import MODELS
 
 #: The ``config.model_type`` values apply_fk knows.
@@ -76,20 +92,24 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(MODELS))
 def apply_fk(model, rms_norm: bool = True, rope: bool = True, swiglu: bool = True,
              geglu: bool = True, cross_entropy: bool = True,
              fused_linear_cross_entropy: bool = True, layer_norm: bool = True,
-             tiled_mlp: bool = False, num_shards: Optional[int] = None):
+             tiled_mlp: bool = False, num_shards: Optional[int] = None,
+             strict: Optional[bool] = None):
     """Patch ``model`` (a Hugging Face ``PreTrainedModel`` instance: a ``...ForCausalLM`` or
     its base model; for the vision-language types, the ``...ForConditionalGeneration``) to
     run fk's kernels. Returns ``model``.
 
-    Raises ``ValueError`` naming the supported model types when ``model.config.model_type``
-    is not one of :data:`SUPPORTED_MODEL_TYPES`. Calling it again re-patches with the new
-    options (it reverts first), so patching twice is the same as patching once.
+    ``strict``: None (default) patches a model type of :data:`SUPPORTED_MODEL_TYPES` by the
+    table and any other one by checked patching (see the module's doc); False adds checked
+    patching of what the table leaves to a supported type; True raises ``ValueError``
+    naming the supported model types when ``model.config.model_type`` is not one of them.
+    Calling it again re-patches with the new options (it reverts first), so patching twice
+    is the same as patching once.
     """
     return _apply(model, dict(rms_norm=rms_norm, rope=rope, swiglu=swiglu, geglu=geglu,
                               cross_entropy=cross_entropy,
                               fused_linear_cross_entropy=fused_linear_cross_entropy,
                               layer_norm=layer_norm, tiled_mlp=tiled_mlp,
-                              num_shards=num_shards))
+                              num_shards=num_shards, strict=strict))
 
 
 def revert_fk(model):
@@ -98,5 +118,12 @@ def revert_fk(model):
     return _revert(model)
 
 
-__all__ = ["apply_fk", "revert_fk", "patched", "SUPPORTED_MODEL_TYPES", "KINDS",
-           "OPT_IN_KINDS"]
+def __getattr__(name):  # transformers is imported only when these are asked for
+    if name in ("AutoFkModelForCausalLM", "FkCallback"):
+        from . import _auto
+        return getattr(_auto, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["apply_fk", "revert_fk", "patched", "report", "SUPPORTED_MODEL_TYPES", "KINDS",
+           "OPT_IN_KINDS", "AutoFkModelForCausalLM", "FkCallback"]

@@ -62,12 +62,32 @@ def _model_class(m):
 
 
 def apply(model, flags):
+    """Patches ``model``: the table's classes for its model type; with ``strict`` False, or
+    None on a model type outside the table, also every other module that passes its check
+    (``_verify.py``). ``strict`` True: the table only (an unknown model type raises)."""
+    flags = dict(flags)
+    strict = flags.pop("strict", True)
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     spec = MODELS.get(model_type)
-    if spec is None:
+    if spec is None and (strict or config is None):
         raise ValueError(f"fk.transformers.apply_fk: model type {model_type!r} is not "
-                         f"supported; supported model types: {', '.join(sorted(MODELS))}")
+                         f"supported; supported model types: {', '.join(sorted(MODELS))}"
+                         + ("" if config is None else
+                            " (strict=False patches the modules of other models that pass "
+                            "a numerical check)"))
+    revert(model)  # patching twice gives the same model as patching once
+    if spec is not None:
+        _apply_table(model, spec, flags)
+    if spec is None or strict is False:
+        from . import _verify
+        skip = {id(m) for m in model.modules() if _SAVED in m.__dict__}
+        entries = _verify.patch_checked(model, flags, skip, _set, _bind)
+        model.__dict__[_verify.REPORT] = entries
+    return model
+
+
+def _apply_table(model, spec, flags):
     modeling = importlib.import_module(f"transformers.models.{spec.module}.modeling_{spec.module}")
 
     def classes(names):
@@ -78,7 +98,6 @@ def apply(model, flags):
     layer_norms = classes(spec.layer_norms)
     causal_lm = getattr(modeling, spec.causal_lm) if spec.causal_lm else None
 
-    revert(model)  # patching twice gives the same model as patching once
     for m in model.modules():
         t = _model_class(m)
         if t in norms:
@@ -132,10 +151,10 @@ def apply(model, flags):
         elif t is torch.nn.LayerNorm:
             if flags["layer_norm"] and len(m.normalized_shape) == 1:
                 _set(m, "layer_norm", forward=_bind(m, fw.layer_norm_forward))
-    return model
 
 
 def revert(model):
+    model.__dict__.pop("_fk_report", None)
     for m in model.modules():
         saved = m.__dict__.pop(_SAVED, None)
         if saved is None:
@@ -154,3 +173,25 @@ def patched(model):
     for m in model.modules():
         counts.update(m.__dict__.get(_SAVED, {}).get("kinds", ()))
     return dict(counts)
+
+
+def report(model):
+    """What fk did to ``model`` (see ``_verify.Report``): each patched module with its kind
+    (from the table, or checked), each checked and rejected one with the reason, and the
+    modules that look like norms, MLPs or attention that nothing recognized."""
+    from . import _verify
+    checked = model.__dict__.get(_verify.REPORT, [])
+    names = {id(m): n or "(model)" for n, m in model.named_modules()}
+    by_name = {e.name for e in checked}
+    entries, known = [], set()
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    for m in model.modules():
+        saved = m.__dict__.get(_SAVED)
+        if saved is not None:
+            known.add(id(m))
+            if names[id(m)] not in by_name:
+                for kind in saved["kinds"]:
+                    entries.append(_verify.Entry(names[id(m)], type(m).__name__, "patched",
+                                                 kind, f"table ({model_type})"))
+    known |= {id(m) for m in model.modules() if names[id(m)] in by_name}
+    return _verify.Report(entries + list(checked) + _verify.unrecognized(model, known))
