@@ -138,6 +138,9 @@ def main():
         ok = d0 <= first and worst <= rel
         print("OK: fk's loss follows Hugging Face's under FSDP2" if ok
               else "FAIL: fk's loss departs from Hugging Face's")
+    # Every rank leaves together: a gloo peer closing its connections while another rank is
+    # still inside the group can abort that rank's shutdown.
+    dist.barrier()
     dist.destroy_process_group()
     if not ok:
         raise SystemExit(1)
