@@ -457,3 +457,36 @@ def tiny_causal_lm(model_type, seed=0):
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     return model
+
+
+# --- cross entropy test inputs (cross_entropy, vocab_parallel_cross_entropy) ----------------
+
+# Option sets: (class weights?, label_smoothing, lse_square_scale, softcap)
+CE_OPTIONS = {
+    "plain": (False, 0.0, 0.0, None),
+    "zloss": (False, 0.0, 1e-2, None),
+    "weight": (True, 0.0, 0.0, None),
+    "smooth": (False, 0.1, 0.0, None),
+    "weight_smooth_z": (True, 0.2, 1e-3, None),
+    "softcap": (False, 0.0, 0.0, 4.0),
+    "all": (True, 0.1, 1e-2, 3.0),
+}
+
+
+def ce_inputs(n, v, dtype=torch.float32, device="cpu", ignore=(1,), seed=0, scale=3.0):
+    """(logits (n, v) * scale, targets with the rows `ignore` at -100, class weights)."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(n, v, generator=g) * scale).to(device=device, dtype=dtype)
+    t = torch.randint(0, v, (n,), generator=g)
+    for i in ignore:
+        if i < n:
+            t[i] = -100
+    w = (torch.rand(v, generator=g) + 0.5).to(device)
+    return x, t.to(device), w
+
+
+def ce_kwargs(option, w, reduction):
+    """The keyword arguments of a CE_OPTIONS option set."""
+    has_w, ls, s, cap = CE_OPTIONS[option]
+    return dict(weight=w if has_w else None, label_smoothing=ls, reduction=reduction,
+                lse_square_scale=s, softcap=cap)

@@ -13,38 +13,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import fk
-from helpers import (DTYPES, assert_close, error_lines, load_triton_src, ref_cross_entropy,
+from helpers import (CE_OPTIONS as OPTIONS, ce_inputs as _inputs, ce_kwargs as _kwargs,
+                     DTYPES, assert_close, error_lines, load_triton_src, ref_cross_entropy,
                      ref_fused_linear_cross_entropy, round_toward_zero)
 
 REDUCTIONS = ("mean", "sum", "none")
-# Option sets: (class weights?, label_smoothing, lse_square_scale, softcap)
-OPTIONS = {
-    "plain": (False, 0.0, 0.0, None),
-    "zloss": (False, 0.0, 1e-2, None),
-    "weight": (True, 0.0, 0.0, None),
-    "smooth": (False, 0.1, 0.0, None),
-    "weight_smooth_z": (True, 0.2, 1e-3, None),
-    "softcap": (False, 0.0, 0.0, 4.0),
-    "all": (True, 0.1, 1e-2, 3.0),
-}
 NSTATS = 6
-
-
-def _inputs(n, v, dtype=torch.float32, device="cpu", ignore=(1,), seed=0, scale=3.0):
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(n, v, generator=g) * scale).to(device=device, dtype=dtype)
-    t = torch.randint(0, v, (n,), generator=g)
-    for i in ignore:
-        if i < n:
-            t[i] = -100
-    w = (torch.rand(v, generator=g) + 0.5).to(device)
-    return x, t.to(device), w
-
-
-def _kwargs(option, w, reduction):
-    has_w, ls, s, cap = OPTIONS[option]
-    return dict(weight=w if has_w else None, label_smoothing=ls, reduction=reduction,
-                lse_square_scale=s, softcap=cap)
 
 
 def _ref(x, t, kw, grad_out=None):
