@@ -36,8 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchmark_hf_training import (LOSS_STEPS, MODELS, PROVIDERS, RESULTS_DIR,  # noqa: E402
-                                   check, model_config, model_name, patch, print_table,
-                                   versions, write_csv)
+                                   check, chosen_providers, model_config, model_name, patch,
+                                   print_table, versions, write_csv)
 
 
 def run_rank(args):
@@ -183,14 +183,7 @@ def main():
         args.provider = args.child
         child_main(args)
         return
-    providers = [p.strip() for p in args.providers.split(",") if p.strip()]
-    bad = [p for p in providers if p not in PROVIDERS]
-    if bad:
-        raise SystemExit(f"unknown provider(s) {bad}; choose from {', '.join(PROVIDERS)}")
-    notes = []
-    if args.device == "cpu" and "liger" in providers:
-        providers.remove("liger")
-        notes.append("liger: skipped on CPU (its kernels are Triton GPU kernels)")
+    providers, notes = chosen_providers(args)
     info = versions(args.device)
     batch, res = args.batch, {}
     for name in providers:

@@ -352,6 +352,19 @@ def write_csv(res, info, args, batch, path, model=None):
     print(f"wrote {path}")
 
 
+def chosen_providers(args):
+    """(the providers of --providers, notes): unknown names exit; Liger is left out on the CPU."""
+    providers = [p.strip() for p in args.providers.split(",") if p.strip()]
+    bad = [p for p in providers if p not in PROVIDERS]
+    if bad:
+        raise SystemExit(f"unknown provider(s) {bad}; choose from {', '.join(PROVIDERS)}")
+    notes = []
+    if args.device == "cpu" and "liger" in providers:
+        providers.remove("liger")
+        notes.append("liger: skipped on CPU (its kernels are Triton GPU kernels)")
+    return providers, notes
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default=None, help="cuda (default when a GPU is visible) or cpu")
@@ -395,14 +408,7 @@ def main():
         child_main(args)
         return
 
-    providers = [p.strip() for p in args.providers.split(",") if p.strip()]
-    bad = [p for p in providers if p not in PROVIDERS]
-    if bad:
-        raise SystemExit(f"unknown provider(s) {bad}; choose from {', '.join(PROVIDERS)}")
-    notes = []
-    if args.device == "cpu" and "liger" in providers:
-        providers.remove("liger")
-        notes.append("liger: skipped on CPU (its kernels are Triton GPU kernels)")
+    providers, notes = chosen_providers(args)
     info = versions(args.device)
     batch, res = args.batch, {}
     for name in providers:
