@@ -62,12 +62,15 @@ def fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_
     a = tl.abs(x)
     a = tl.where(a == a, a, float("inf"))  # a NaN counts as inf: the block's scale is NaN
     q_offs = rows[:, None] * K + cols[None, :]
-    qt_offs = cols[None, :] * M + rows[:, None]
+    # the column-wise copy is stored as a (TILE_K, TILE_M) tile, contiguous along M
+    qt_offs = cols[:, None] * M + rows[None, :]
+    mask_t = cmask[:, None] & rmask[None, :]
     if weight != 0:
         s = _scale(tl.max(tl.max(a, axis=1), axis=0), pow2)
         q = _quantize(x, s)
         tl.store(q_ptr + q_offs, q.to(q_ptr.dtype.element_ty), mask=mask & (want_row != 0))
-        tl.store(qt_ptr + qt_offs, q.to(qt_ptr.dtype.element_ty), mask=mask & (want_col != 0))
+        tl.store(qt_ptr + qt_offs, tl.trans(q).to(qt_ptr.dtype.element_ty),
+                 mask=mask_t & (want_col != 0))
         nkb = tl.cdiv(K, TILE_K)
         nmb = tl.cdiv(M, TILE_M)
         tl.store(s_ptr + rb * nkb + cb, s, mask=want_row != 0)
@@ -81,7 +84,7 @@ def fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_
         if want_col != 0:
             s_c = _scale(tl.max(a, axis=0), pow2)
             qt = _quantize(x, s_c[None, :])
-            tl.store(qt_ptr + qt_offs, qt.to(qt_ptr.dtype.element_ty), mask=mask)
+            tl.store(qt_ptr + qt_offs, tl.trans(qt).to(qt_ptr.dtype.element_ty), mask=mask_t)
             tl.store(st_ptr + rb * K + cols, s_c, mask=cmask)
 
 

@@ -150,6 +150,19 @@ def test_interpreter(dtype, block, pow2, shape):
     same(st, rst)
 
 
+def test_variants_cover_every_dtype():
+    """sm_90 and newer: one float8 variant per input dtype; sm_80 (which serves all of 8.x):
+    none, so the launcher's capability check is what an 8.x GPU meets."""
+    mod = load_triton_src("fp8_quantize")
+    assert mod.variants(80) == []
+    for arch in (90, 100, 120):
+        vs = mod.variants(arch)
+        assert sorted(v.dtype for v in vs) == ["bf16", "fp16", "fp32"]
+        for v in vs:
+            assert v.signature["q_ptr"] == v.signature["qt_ptr"] == "*fp8e4nv"
+            assert v.signature["x_ptr"] == f"*{v.dtype}" and v.block == 128
+
+
 # --- level 2: the CPU backend -----------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
