@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fk
-from helpers import DTYPES, cdiv, error_lines, load_triton_src, randn
+from helpers import DTYPES, cdiv, error_lines, load_triton_src, poison_cuda_cache, randn
 
 FP8 = torch.float8_e4m3fn
 BLOCKS = [(1, 128), (128, 128)]
@@ -377,8 +377,26 @@ def test_cuda_matches_cpu(dtype, block, layout, shape):
         return
     for pow2 in (False, True):
         x = randn(*shape, dtype=dtype, device="cuda", scale=5.0)
-        torch.empty(1 << 26, dtype=torch.float32, device="cuda").fill_(math.nan)
+        poison_cuda_cache()
         check_against_ref(x, block, layout, pow2)
+
+
+@pytest.mark.cuda
+def test_cuda_more_than_2_31_elements():
+    """int64 offsets: x (65537, 32896) bf16 (2.16e9 elements); the last row tile (one row) is
+    checked against the reference in both copies, the first rows in the row-wise copy."""
+    if not _fp8_gpu():
+        pytest.skip("no FP8 GPU (compute capability < 9.0)")
+    m, k = 65537, 32896
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    q, s, qt, st = fk.fp8_quantize(x, layout="both")
+    for rows in (slice(0, 2), slice(m - 1, m)):
+        rq, rs = ref_quantize_rows(x[rows].cpu(), False)
+        same(q[rows].cpu(), rq.to(FP8))
+        same(s[:, rows].cpu(), rs)
+    rqt, rst = ref_quantize_rows(x[m - 1:].t().cpu(), False)  # the last, one-row tile
+    same(qt[:, m - 1:].cpu(), rqt.to(FP8))
+    same(st[-1:].cpu(), rst)
 
 
 @pytest.mark.cuda
@@ -412,6 +430,29 @@ def test_cuda_opcheck_compile_graph():
     g.replay()
     for a, b in zip(out, fk.fp8_quantize(x, layout="both")):
         same(a.cpu(), b.cpu())
+
+
+@pytest.mark.cuda
+def test_cuda_scaled_mm_rowwise_interop():
+    """torch._scaled_mm with per-row scaling on fk's operands: with K = 128 a 1 x 128 block
+    is a whole row, so x's scales are per row (scale_a = s.T, (M, 1)) and w's, quantized the
+    same way, per output column (scale_b = ws, (1, N)). The result is the bf16 GEMM within
+    FP8 error: each operand within 2^-4 relative (half an e4m3 ulp), so the product within
+    2 * 2^-4 (+ bf16 output rounding) of sum |x||w|."""
+    if not _fp8_gpu():
+        pytest.skip("no FP8 GPU (compute capability < 9.0)")
+    m, n, k = 256, 512, 128
+    x = randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = randn(n, k, device="cuda", dtype=torch.bfloat16)
+    q, s = fk.fp8_quantize(x)
+    wq, ws = fk.fp8_quantize(w)
+    out = torch._scaled_mm(q, wq.t(), scale_a=s.t(), scale_b=ws, out_dtype=torch.bfloat16)
+    ref = x.double() @ w.double().t()
+    mag = x.double().abs() @ w.double().abs().t()
+    assert ((out.double() - ref).abs() <= mag * (2 * 2.0 ** -4 + 2.0 ** -7)).all()
+    exact = fk.fp8_dequantize(q, s, dtype=torch.float32).double() @ \
+        fk.fp8_dequantize(wq, ws, dtype=torch.float32).double().t()
+    assert ((out.double() - exact).abs() <= mag * 2.0 ** -7).all()
 
 
 @pytest.mark.cuda

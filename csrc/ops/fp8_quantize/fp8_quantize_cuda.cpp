@@ -40,6 +40,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cuda(Tensor x, int64_t b
   }
   if (m == 0 || k == 0) return {q, s, qt, st};
   check_fp8_gpu(op, x);
+  // Tiles of 128 columns run along the grid's y dimension (at most 65535 on CUDA).
+  FK_CHECK(nk <= 65535, op, ": x has ", k, " columns; the CUDA kernel takes at most ",
+           65535 * kFp8Block, " (65535 blocks of 128)");
   auto xc = aten::contiguous(x);
   static const auto& fam = runtime::family("fp8_quantize");
   const auto& kern = fam.pick(op, xc, kFp8Block, 0);

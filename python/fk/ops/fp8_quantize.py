@@ -69,7 +69,9 @@ def fp8_quantize(x: torch.Tensor, block=(1, 128), layout: str = "rowwise",
 
     Raises:
         RuntimeError naming ``fk::fp8_quantize`` for a wrong shape, dtype, block or layout;
-        on a CUDA GPU older than compute capability 9.0 (no FP8 kernels).
+        on a CUDA GPU older than compute capability 9.0 (the kernels are built for sm_90
+        and newer; 8.x GPUs, Ada's FP8 included, run the sm_80 cubins); on CUDA for K over
+        8,388,480 (65535 column tiles, the grid's limit).
     """
     q, s, qt, st = torch.ops.fk.fp8_quantize(x, _block_rows("fk::fp8_quantize", block),
                                              layout, pow2_scales)
