@@ -11,8 +11,9 @@ x is an (M, K) contiguous matrix. One program quantizes one 128 x 128 tile of x,
       (scales (cdiv(M, 128), cdiv(K, 128))), and qt = q^T with st = s^T.
 
 ``want_row`` / ``want_col`` choose which copies are written. Scale of a block with amax
-a = max |x|: s = a / 448 (a correctly rounded fp32 division), 1.0 for an all-zero block,
-rounded up to a power of two when ``pow2 != 0``, NaN when the block holds an inf or a NaN.
+a = max |x|: s = max(a / 448, 2^-126) (a correctly rounded fp32 division), 1.0 for an
+all-zero block, rounded up to a power of two when ``pow2 != 0``, NaN when the block holds
+an inf or a NaN.
 q = x / s (correctly rounded), clamped to [-448, 448] (NaN stays NaN), then rounded to the
 output element type by the store: to nearest even with float8_e4m3fn outputs (the kernel is
 also run with float32 outputs under the interpreter, which tests everything up to that
@@ -27,6 +28,7 @@ import triton.language as tl
 from _common import DTYPES, Variant
 
 FP8_MAX = tl.constexpr(448.0)
+MIN_SCALE = tl.constexpr(1.1754943508222875e-38)  # 2^-126, the smallest normal float32
 TILE = 128
 
 
@@ -34,7 +36,7 @@ TILE = 128
 def _scale(amax, pow2):
     """The dequantization scale of blocks of absolute maximum ``amax`` (NaN read as inf)."""
     s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
-    s = tl.where(amax == 0.0, 1.0, s)
+    s = tl.where(amax == 0.0, 1.0, tl.maximum(s, MIN_SCALE))
     if pow2 != 0:
         bits = s.to(tl.int32, bitcast=True)
         up = (bits + 0x7FFFFF) & -0x800000  # next power of two; inf stays inf

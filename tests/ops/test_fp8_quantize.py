@@ -21,14 +21,13 @@ SHAPES = [(128, 256), (130, 200), (5, 300), (257, 129), (1, 1), (3, 128)]
 def ref_scales(amax, pow2):
     """float32 scales of blocks with float64 absolute maxima ``amax`` (NaN read as inf):
     amax / 448 rounded once to float32 (a float64 quotient of float32 values rounds to the
-    correctly rounded float32 quotient), 1 for 0, up to a power of two >= 2^-126 when
-    pow2, NaN for inf."""
-    s = (amax / 448.0).float().double()
+    correctly rounded float32 quotient) and at least 2^-126, 1 for 0, up to a power of two
+    when pow2, NaN for inf."""
+    s = (amax / 448.0).float().double().clamp(min=2.0 ** -126)
     s = torch.where(amax == 0, torch.ones_like(s), s)
     if pow2:
         mant, exp = torch.frexp(s)
-        p = torch.where(mant == 0.5, s, torch.ldexp(torch.ones_like(s), exp))
-        s = torch.clamp(p, min=2.0 ** -126)
+        s = torch.where(mant == 0.5, s, torch.ldexp(torch.ones_like(s), exp))
     return torch.where(amax == math.inf, torch.full_like(s, math.nan), s).float()
 
 
@@ -111,7 +110,8 @@ def check_against_ref(x, block, layout, pow2):
 def special_input(dtype):
     """(260, 300): an all-zero 1 x 128 block (row 0, block 1), an all-zero 128 x 128 block
     (rows 128..255, cols 128..255), an inf in row 1 / block 0, a NaN in row 2 / block 2,
-    a -inf in row 259 (the partial last row tile), tiny and huge finite values."""
+    a -inf in row 259 (the partial last row tile), tiny and huge finite values (row 5's
+    first block in float32 / bfloat16: amax / 448 below 2^-126, the scale's floor)."""
     x = randn(260, 300, seed=3)
     x[0, 128:256] = 0
     x[128:256, 128:256] = 0
@@ -119,6 +119,8 @@ def special_input(dtype):
     x[2, 290] = math.nan
     x[259, 7] = -math.inf
     x[3, :128] *= 1e-30
+    tiny = torch.linspace(1e-37, 3e-37, 128) * (-1) ** torch.arange(128)  # normal floats
+    x[5, :128] = tiny if dtype != torch.float16 else tiny * 1e30
     x[4, :128] *= 1e30 if dtype != torch.float16 else 1e4
     return x.to(dtype)
 
@@ -186,6 +188,8 @@ def test_cpu_zeros_inf_nan(dtype, block, pow2):
         assert torch.isnan(s[2, 2]) and torch.isnan(q[2, 256:].float()).all()  # NaN
         assert torch.isnan(s[0, 259])  # -inf in the partial last row tile
         assert not torch.isnan(q[0:5, 128:256].float()).any()  # other blocks of those rows
+        if dtype != torch.float16:
+            assert s[0, 5] == 2.0 ** -126 and (q[5, :128].float().abs() >= 8).all()
         # column-wise: column 5's first 128 rows hold the inf, column 290's the NaN
         assert torch.isnan(st[0, 5]) and torch.isnan(st[0, 290]) and torch.isnan(st[2, 7])
         assert not torch.isnan(st[0, 6]) and st[1, 200] == 1.0

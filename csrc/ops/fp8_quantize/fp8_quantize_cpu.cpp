@@ -13,14 +13,15 @@ using checks::ceil_div;
 Tensor op1(const char* name, const Tensor& t) { return aten::call(name, "", t); }
 
 // Scales of blocks of absolute maximum `amax` (a NaN read as inf), as the kernel computes
-// them: amax / 448 in fp32, 1 for amax 0, rounded up to a power of two (at least 2^-126)
-// when pow2, NaN for amax inf.
+// them: max(amax / 448, 2^-126) in fp32, 1 for amax 0, rounded up to a power of two
+// when pow2 (in float64, where log2 is exact enough), NaN for amax inf.
 Tensor block_scales(const Tensor& amax, bool pow2) {
-  auto s = aten::div(amax, aten::scalar(448.0));
+  auto s = aten::maximum(aten::div(amax, aten::scalar(448.0)),
+                         aten::scalar(std::ldexp(1.0, -126)));
   s = aten::where(aten::eq(amax, aten::scalar(0.0)), aten::scalar(1.0), s);
   if (pow2) {
     auto p = op1("aten::exp2", op1("aten::ceil", op1("aten::log2", aten::to(s, kDouble))));
-    s = aten::to(aten::maximum(p, aten::scalar(std::ldexp(1.0, -126))), kFloat);
+    s = aten::to(p, kFloat);
   }
   return aten::where(aten::eq(amax, aten::scalar(INFINITY)), aten::scalar(NAN), s);
 }

@@ -6,10 +6,11 @@ triton_src/fp8_quantize.py implement it):
 * Data: ``torch.float8_e4m3fn`` (largest finite value 448). Scales: float32 *dequantization*
   multipliers (TransformerEngine's ``scale_inv``): ``x ~= data * scale``.
 * Per block of ``x`` with ``amax = max |x|`` over the block:
-  ``s = amax / 448`` (one correctly rounded float32 division). An all-zero block gets
-  ``s = 1.0`` (its data are zeros, which dequantize to exact zeros). With
-  ``pow2_scales=True`` ``s`` is rounded *up* to a power of two (at least 2^-126), so that
-  applying it is exact.
+  ``s = max(amax / 448, 2^-126)`` (one correctly rounded float32 division; the floor, the
+  smallest normal float32, keeps scales out of the subnormal range, where a GPU may flush
+  them to zero). An all-zero block gets ``s = 1.0`` (its data are zeros, which dequantize
+  to exact zeros). With ``pow2_scales=True`` ``s`` is rounded *up* to a power of two, so
+  that applying it is exact.
 * ``q = x / s`` as one correctly rounded float32 division, clamped to [-448, 448], then
   rounded to float8_e4m3fn to nearest (ties to even) as ``.to(torch.float8_e4m3fn)`` does.
 * inf and NaN: a block holding any inf or NaN gets ``s = NaN`` and all its data NaN (so it
