@@ -25,7 +25,7 @@ sm_80 has no FP8 conversions.
 import triton
 import triton.language as tl
 
-from _common import DTYPES, Variant
+from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
 
 FP8_MAX = tl.constexpr(448.0)
 MIN_SCALE = tl.constexpr(1.1754943508222875e-38)  # 2^-126, the smallest normal float32
@@ -104,7 +104,12 @@ def variants(arch: int) -> list:
     for dt in DTYPES:
         sig = {a: _TYPES.get(a, f"*{dt}") for a in _ARGS}
         sig.update({"TILE_M": "constexpr", "TILE_K": "constexpr"})
-        out.append(Variant(family="fp8_quantize", kernel="fp8_quantize_kernel", dtype=dt,
-                           block=TILE, signature=sig,
-                           constexprs={"TILE_M": TILE, "TILE_K": TILE}, num_warps=8))
+        # FLAG_ALIGNED: M and K multiples of 16 and x 16-byte aligned, so that the loads and
+        # the float8 stores (one byte each otherwise) are 16 bytes wide.
+        for flags in (0, FLAG_ALIGNED):
+            out.append(Variant(family="fp8_quantize", kernel="fp8_quantize_kernel", dtype=dt,
+                               block=TILE, signature=sig,
+                               constexprs={"TILE_M": TILE, "TILE_K": TILE}, num_warps=8,
+                               flags=flags,
+                               divisible_by_16=aligned_args(sig, flags, ("M", "K"))))
     return out

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import fk
-from helpers import DTYPES, cdiv, error_lines, load_triton_src, poison_cuda_cache, randn
+from helpers import (DTYPES, cdiv, error_lines, load_triton_src, misaligned,
+                     poison_cuda_cache, randn)
 
 FP8 = torch.float8_e4m3fn
 BLOCKS = [(1, 128), (128, 128)]
@@ -159,8 +160,10 @@ def test_variants_cover_every_dtype():
     assert mod.variants(80) == []
     for arch in (90, 100, 120):
         vs = mod.variants(arch)
-        assert sorted(v.dtype for v in vs) == ["bf16", "fp16", "fp32"]
+        assert sorted((v.dtype, v.flags) for v in vs) == [
+            (dt, f) for dt in ("bf16", "fp16", "fp32") for f in (0, 1)]
         for v in vs:
+            assert ("M" in v.divisible_by_16) == (v.flags == 1)
             assert v.signature["q_ptr"] == v.signature["qt_ptr"] == "*fp8e4nv"
             assert v.signature["x_ptr"] == f"*{v.dtype}" and v.block == 128
 
@@ -374,15 +377,17 @@ def _fp8_gpu():
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape", CUDA_SHAPES)
 def test_cuda_matches_cpu(dtype, block, layout, shape):
-    """Bit for bit against the reference (float8 cast included), poisoned outputs."""
+    """Bit for bit against the reference (float8 cast included), poisoned outputs; x
+    16-byte aligned (the aligned variant where M and K are multiples of 16) and not."""
     if not _fp8_gpu():
         with pytest.raises(RuntimeError, match="compute capability 9.0 or newer"):
             fk.fp8_quantize(randn(*shape, dtype=dtype, device="cuda"), block, layout)
         return
     for pow2 in (False, True):
         x = randn(*shape, dtype=dtype, device="cuda", scale=5.0)
-        poison_cuda_cache()
-        check_against_ref(x, block, layout, pow2)
+        for xx in (x, misaligned(x)):
+            poison_cuda_cache()
+            check_against_ref(xx, block, layout, pow2)
 
 
 @pytest.mark.cuda

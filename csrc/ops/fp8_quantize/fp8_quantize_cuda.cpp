@@ -45,7 +45,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cuda(Tensor x, int64_t b
            65535 * kFp8Block, " (65535 blocks of 128)");
   auto xc = aten::contiguous(x);
   static const auto& fam = runtime::family("fp8_quantize");
-  const auto& kern = fam.pick(op, xc, kFp8Block, 0);
+  // The aligned variant: M and K multiples of 16 and x 16-byte aligned (the outputs are
+  // fresh allocations).
+  const uint32_t flags =
+      m % 16 == 0 && k % 16 == 0 && runtime::aligned16({&xc}) ? runtime::kFlagAligned : 0;
+  const auto& kern = fam.pick(op, xc, kFp8Block, flags);
   const Tensor& q_any = want.rowwise ? q : qt;  // the pointers of a copy not asked for are
   const Tensor& s_any = want.rowwise ? s : st;  // never written; any valid one will do
   KernelArgs args;
