@@ -21,7 +21,7 @@ def torch_fp8_quantize(x, block_rows, layout, pow2=False):
 
     def scale(amax):
         amax = torch.where(torch.isnan(amax), torch.inf, amax)
-        s = torch.where(amax == 0, 1.0, amax / 448.0)
+        s = torch.where(amax == 0, 1.0, (amax / 448.0).clamp(min=2.0 ** -126))
         if pow2:
             s = torch.exp2(torch.ceil(torch.log2(s)))
         return torch.where(amax == torch.inf, torch.nan, s)
