@@ -425,4 +425,28 @@ inline at::Tensor group_norm(const at::Tensor& x, const std::optional<at::Tensor
   return op.call(x, weight, bias, num_groups, eps);
 }
 
+// Blockwise float8_e4m3fn quantization of a 2-D x (float32 / bfloat16 / float16); the format
+// is fk.fp8_quantize's (python/fk/ops/fp8_quantize.py). block_rows 1: 1 x 128 blocks (data
+// (M, K), scales (ceil(K/128), M)); 128: 128 x 128 blocks (scales (ceil(M/128),
+// ceil(K/128))). Returns (data, scales, data_t, scales_t): layout "rowwise" leaves the last
+// two undefined, "columnwise" the first two, "both" defines all four. Not differentiable.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_quantize(
+    const at::Tensor& x, int64_t block_rows = 1, const std::string& layout = "rowwise",
+    bool pow2_scales = false) {
+  static const auto op =
+      detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+          const at::Tensor&, int64_t, c10::string_view, bool)>("fk::fp8_quantize");
+  return op.call(x, block_rows, layout, pow2_scales);
+}
+
+// data * its block scales (fk::fp8_quantize's row-wise or column-wise copy), in fp32,
+// rounded once to dtype (float32 / bfloat16 / float16).
+inline at::Tensor fp8_dequantize(const at::Tensor& data, const at::Tensor& scales,
+                                 int64_t block_rows = 1,
+                                 at::ScalarType dtype = at::ScalarType::BFloat16) {
+  static const auto op = detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t,
+                                               at::ScalarType)>("fk::fp8_dequantize");
+  return op.call(data, scales, block_rows, dtype);
+}
+
 }  // namespace fk

@@ -9,7 +9,8 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _NAMES = {torch.float32: "Float", torch.float64: "Double", torch.bfloat16: "BFloat16",
           torch.float16: "Half", torch.int64: "Long", torch.int32: "Int", torch.uint8: "Byte",
           torch.bool: "Bool", torch.int8: "Char", torch.int16: "Short",
-          torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
+          torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+          torch.float8_e4m3fn: "Float8_e4m3fn", torch.float8_e5m2: "Float8_e5m2"}
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -1,0 +1,69 @@
+// CUDA kernel of fk::fp8_quantize: AOT-compiled Triton (triton_src/fp8_quantize.py). One
+// launch over the 128 x 128 tiles of x reads x once and writes every copy asked for.
+#include "ops/fp8_quantize/fp8_quantize.h"
+#include "runtime/checks.h"
+#include "runtime/kernels.h"
+
+namespace fk::ops {
+namespace {
+
+using checks::ceil_div;
+using runtime::KernelArgs;
+
+// FP8 kernels are built for sm_90 and newer: 8.x GPUs run the sm_80 cubins, which have no
+// FP8 conversions.
+void check_fp8_gpu(const char* op, const Tensor& x) {
+  const int cap = runtime::device_capability(x.device().index());
+  FK_CHECK(runtime::arch_for_capability(cap / 10, cap % 10) >= 90, op,
+           ": float8_e4m3fn kernels need a GPU of compute capability 9.0 or newer, got ",
+           cap / 10, ".", cap % 10, " on ", x.device());
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cuda(Tensor x, int64_t block_rows,
+                                                            std::string layout,
+                                                            bool pow2_scales) {
+  constexpr const char* op = "fk::fp8_quantize";
+  const auto want = check_fp8_quantize(x, block_rows, layout);
+  const int64_t m = x.size(0), k = x.size(1);
+  const int64_t nm = ceil_div(m, kFp8Block), nk = ceil_div(k, kFp8Block);
+  const bool weight = block_rows != 1;
+  Tensor q, s, qt, st;
+  if (want.rowwise) {
+    q = aten::empty({m, k}, kFloat8e4m3, x.device());
+    s = weight ? aten::empty({nm, nk}, kFloat, x.device())
+               : aten::empty({nk, m}, kFloat, x.device());
+  }
+  if (want.columnwise) {
+    qt = aten::empty({k, m}, kFloat8e4m3, x.device());
+    st = weight ? aten::empty({nk, nm}, kFloat, x.device())
+                : aten::empty({nm, k}, kFloat, x.device());
+  }
+  if (m == 0 || k == 0) return {q, s, qt, st};
+  check_fp8_gpu(op, x);
+  // Tiles of 128 columns run along the grid's y dimension (at most 65535 on CUDA).
+  FK_CHECK(nk <= 65535, op, ": x has ", k, " columns; the CUDA kernel takes at most ",
+           65535 * kFp8Block, " (65535 blocks of 128)");
+  auto xc = aten::contiguous(x);
+  static const auto& fam = runtime::family("fp8_quantize");
+  // The aligned variant: M and K multiples of 16 and x 16-byte aligned (the outputs are
+  // fresh allocations).
+  const uint32_t flags =
+      m % 16 == 0 && k % 16 == 0 && runtime::aligned16({&xc}) ? runtime::kFlagAligned : 0;
+  const auto& kern = fam.pick(op, xc, kFp8Block, flags);
+  const Tensor& q_any = want.rowwise ? q : qt;  // the pointers of a copy not asked for are
+  const Tensor& s_any = want.rowwise ? s : st;  // never written; any valid one will do
+  KernelArgs args;
+  args.ptr(xc).ptr(want.rowwise ? q : q_any).ptr(want.rowwise ? s : s_any)
+      .ptr(want.columnwise ? qt : q_any).ptr(want.columnwise ? st : s_any)
+      .i64(m).i64(k).i32(weight ? 1 : 0).i32(want.rowwise ? 1 : 0)
+      .i32(want.columnwise ? 1 : 0).i32(pow2_scales ? 1 : 0);
+  runtime::launch(op, kern, x.device(), {nm, nk, 1}, args);
+  return {q, s, qt, st};
+}
+
+}  // namespace
+}  // namespace fk::ops
+
+STABLE_TORCH_LIBRARY_IMPL(fk, CUDA, m) {
+  m.impl("fp8_quantize", TORCH_BOX(&fk::ops::fp8_quantize_cuda));
+}

@@ -1,0 +1,115 @@
+"""Blockwise FP8 (float8_e4m3fn) quantization; the format is defined once, in
+python/fk/ops/fp8_quantize.py.
+
+x is an (M, K) contiguous matrix. One program quantizes one 128 x 128 tile of x, read once:
+
+  blocks of 1 x 128 (``weight == 0``): each row of the tile is one block. The row-wise copy
+      q (M, K) gets the row blocks' scales at s[j, i] (scales (cdiv(K, 128), M)); the
+      column-wise copy qt (K, M) = quantize(x^T) treats each column of the tile as one
+      block, scales at st[j, k] (scales (cdiv(M, 128), K)).
+  blocks of 128 x 128 (``weight == 1``): the tile is one block; q (M, K) with s[i, j]
+      (scales (cdiv(M, 128), cdiv(K, 128))), and qt = q^T with st = s^T.
+
+``want_row`` / ``want_col`` choose which copies are written. Scale of a block with amax
+a = max |x|: s = max(a / 448, 2^-126) (a correctly rounded fp32 division), 1.0 for an
+all-zero block, rounded up to a power of two when ``pow2 != 0``, NaN when the block holds
+an inf or a NaN.
+q = x / s (correctly rounded), clamped to [-448, 448] (NaN stays NaN), then rounded to the
+output element type by the store: to nearest even with float8_e4m3fn outputs (the kernel is
+also run with float32 outputs under the interpreter, which tests everything up to that
+cast). Masked elements of partial tiles read as 0 and are not stored.
+
+The FP8 variants are built for sm_90 and newer only: 8.x GPUs run the sm_80 cubins, and
+sm_80 has no FP8 conversions.
+"""
+import triton
+import triton.language as tl
+
+from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+
+FP8_MAX = tl.constexpr(448.0)
+MIN_SCALE = tl.constexpr(1.1754943508222875e-38)  # 2^-126, the smallest normal float32
+TILE = 128
+
+
+@triton.jit
+def _scale(amax, pow2):
+    """The dequantization scale of blocks of absolute maximum ``amax`` (NaN read as inf)."""
+    s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    s = tl.where(amax == 0.0, 1.0, tl.maximum(s, MIN_SCALE))
+    if pow2 != 0:
+        bits = s.to(tl.int32, bitcast=True)
+        up = (bits + 0x7FFFFF) & -0x800000  # next power of two; inf stays inf
+        s = up.to(tl.float32, bitcast=True)
+    return tl.where(amax == float("inf"), float("nan"), s)
+
+
+@triton.jit
+def _quantize(x, s):
+    q = tl.math.div_rn(x, s)
+    return tl.where(q > FP8_MAX, FP8_MAX, tl.where(q < -FP8_MAX, -FP8_MAX, q))
+
+
+@triton.jit
+def fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_row, want_col,
+                        pow2, TILE_M: tl.constexpr, TILE_K: tl.constexpr):
+    rb = tl.program_id(0)
+    cb = tl.program_id(1)
+    rows = rb.to(tl.int64) * TILE_M + tl.arange(0, TILE_M)
+    cols = cb.to(tl.int64) * TILE_K + tl.arange(0, TILE_K)
+    rmask = rows < M
+    cmask = cols < K
+    mask = rmask[:, None] & cmask[None, :]
+    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    a = tl.abs(x)
+    a = tl.where(a == a, a, float("inf"))  # a NaN counts as inf: the block's scale is NaN
+    q_offs = rows[:, None] * K + cols[None, :]
+    # the column-wise copy is stored as a (TILE_K, TILE_M) tile, contiguous along M
+    qt_offs = cols[:, None] * M + rows[None, :]
+    mask_t = cmask[:, None] & rmask[None, :]
+    if weight != 0:
+        s = _scale(tl.max(tl.max(a, axis=1), axis=0), pow2)
+        q = _quantize(x, s)
+        tl.store(q_ptr + q_offs, q.to(q_ptr.dtype.element_ty), mask=mask & (want_row != 0))
+        tl.store(qt_ptr + qt_offs, tl.trans(q).to(qt_ptr.dtype.element_ty),
+                 mask=mask_t & (want_col != 0))
+        nkb = tl.cdiv(K, TILE_K)
+        nmb = tl.cdiv(M, TILE_M)
+        tl.store(s_ptr + rb * nkb + cb, s, mask=want_row != 0)
+        tl.store(st_ptr + cb * nmb + rb, s, mask=want_col != 0)
+    else:
+        if want_row != 0:
+            s_r = _scale(tl.max(a, axis=1), pow2)
+            q = _quantize(x, s_r[:, None])
+            tl.store(q_ptr + q_offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+            tl.store(s_ptr + cb * M + rows, s_r, mask=rmask)
+        if want_col != 0:
+            s_c = _scale(tl.max(a, axis=0), pow2)
+            qt = _quantize(x, s_c[None, :])
+            tl.store(qt_ptr + qt_offs, tl.trans(qt).to(qt_ptr.dtype.element_ty), mask=mask_t)
+            tl.store(st_ptr + rb * K + cols, s_c, mask=cmask)
+
+
+_ARGS = ("x_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "M", "K", "weight", "want_row",
+         "want_col", "pow2")
+_TYPES = {"q_ptr": "*fp8e4nv", "qt_ptr": "*fp8e4nv", "s_ptr": "*fp32", "st_ptr": "*fp32",
+          "M": "i64", "K": "i64", "weight": "i32", "want_row": "i32", "want_col": "i32",
+          "pow2": "i32"}
+
+
+def variants(arch: int) -> list:
+    if arch < 89:  # no FP8 conversions before sm_89 (the sm_80 cubins serve all of 8.x)
+        return []
+    out = []
+    for dt in DTYPES:
+        sig = {a: _TYPES.get(a, f"*{dt}") for a in _ARGS}
+        sig.update({"TILE_M": "constexpr", "TILE_K": "constexpr"})
+        # FLAG_ALIGNED: M and K multiples of 16 and x 16-byte aligned, so that the loads and
+        # the float8 stores (one byte each otherwise) are 16 bytes wide.
+        for flags in (0, FLAG_ALIGNED):
+            out.append(Variant(family="fp8_quantize", kernel="fp8_quantize_kernel", dtype=dt,
+                               block=TILE, signature=sig,
+                               constexprs={"TILE_M": TILE, "TILE_K": TILE}, num_warps=8,
+                               flags=flags,
+                               divisible_by_16=aligned_args(sig, flags, ("M", "K"))))
+    return out
