@@ -169,13 +169,37 @@ def test_wheel_runtime_requirements(wheel):
         f"triton must not be a run-time requirement: {runtime}"
 
 
+# Kernels that need an arch feature are built only for the archs that have it (float8 stores:
+# sm_89 and newer); every other kernel is built for every arch. Kernel name -> first arch.
+ARCH_GATED = {b"fp8_quantize": 89}
+
+
+def _gate(image: bytes):
+    """The first arch of the arch-gated kernel in this ELF image (None: built for every arch)."""
+    return next((first for name, first in ARCH_GATED.items() if name in image), None)
+
+
 def _check_cubins(lib: bytes, archs: list) -> Counter:
     section, cubins = embedded_cubins(lib)
     assert cubins, f"no CUDA ELF images in libfk.so's {section}"
     per_arch = Counter(sm for _, _, sm, _ in cubins)
     assert sorted(per_arch) == archs, \
         f"cubin archs {dict(per_arch)} differ from the build's archs {archs}"
-    assert len(set(per_arch.values())) == 1, f"unequal cubin counts per arch: {dict(per_arch)}"
+    _, sec_off, _ = _elf64_sections(lib)[section]
+    gated = Counter()  # (arch, first arch of its gate) -> images
+    for off, size, sm, _ in cubins:
+        first = _gate(lib[sec_off + off:sec_off + off + size])
+        if first is not None:
+            assert sm >= first, f"a kernel that needs sm_{first} was built for sm_{sm}"
+            gated[sm, first] += 1
+    common = {sm: n - sum(c for (a, _), c in gated.items() if a == sm)
+              for sm, n in per_arch.items()}
+    assert len(set(common.values())) == 1, \
+        f"unequal counts of the kernels every arch has: {common} (all: {dict(per_arch)})"
+    for first in set(ARCH_GATED.values()):
+        counts = {sm: gated[sm, first] for sm in per_arch if sm >= first}
+        assert len(set(counts.values())) == 1 and min(counts.values(), default=1) > 0, \
+            f"the kernels gated at sm_{first}: {counts}"
     generic = {sm: spec for _, _, sm, spec in cubins if sm == 80}
     assert not any(generic.values()), "sm_80 cubins must be generic (run on every 8.x GPU)"
     return per_arch
