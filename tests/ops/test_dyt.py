@@ -36,11 +36,13 @@ def dx_scale(alpha, gamma, dy):
 
 def grad_scales(x, alpha, gamma, dy):
     """The sizes of the terms each parameter gradient sums (x * s, dy * t, dy; s = (1 - t^2)
-    * gamma * dy): the sums cancel, so their rounding error is measured against these."""
+    * gamma * dy): the sums cancel, so their rounding error is measured against these. For
+    dalpha, as for dx (dx_scale), the terms of 1 - t^2 too: where alpha x is large that
+    difference of 1 and t^2 keeps only the bits the two do not share."""
     x, dy = x.detach().double(), dy.double()
     t = torch.tanh(alpha.detach().double().reshape(()) * x)
-    s = (1 - t * t) * gamma.detach().double() * dy
-    return [(x * s).norm().item(), (dy * t).norm().item(), dy.norm().item()]
+    gdy = gamma.detach().double() * dy
+    return [(x * gdy).norm().item(), (dy * t).norm().item(), dy.norm().item()]
 
 
 def _params(n, dtype, with_beta=True, device="cpu", scalar_alpha=False):
