@@ -35,9 +35,9 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchmark_hf_training import (LOSS_STEPS, MODELS, PROVIDERS, RESULTS_DIR,  # noqa: E402
-                                   check, chosen_providers, model_config, model_name, patch,
-                                   print_table, versions, write_csv)
+from benchmark_hf_training import (LOSS_STEPS, RESULTS_DIR, add_step_args,  # noqa: E402
+                                   check, chosen_providers, fill_step_args, model_config,
+                                   model_name, patch, print_table, versions, write_csv)
 
 
 def run_rank(args):
@@ -140,36 +140,10 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nproc", type=int, default=None,
                     help="processes, one GPU each (default: every visible GPU; 2 on CPU)")
-    ap.add_argument("--device", default=None, help="cuda (default when a GPU is visible) or cpu "
-                    "(gloo, float32)")
-    ap.add_argument("--tiny", action="store_true",
-                    help="a tiny Llama (hidden 64, 2 layers, vocab 1024), seq 64, batch 2: "
-                         "a smoke test that runs on CPU in seconds")
-    ap.add_argument("--providers", default=",".join(PROVIDERS),
-                    help="comma-separated, from eager, fk, liger (liger is skipped on CPU)")
-    ap.add_argument("--batch", type=int, default=None, help="sequences per GPU and step "
-                    "(default 4; 2 with --tiny); halved while eager runs out of memory")
-    ap.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 2048; "
-                    "64 with --tiny)")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    ap.add_argument("--steps", type=int, default=10, help="timed steps (median reported)")
-    ap.add_argument("--lr", type=float, default=1e-4)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--model", default=MODELS[0], choices=MODELS,
-                    help="the model's shape (default llama_3_2_1b)")
-    ap.add_argument("--out", default=None, help="CSV folder ('' for none; default "
-                    "benchmarks/results, none with --tiny)")
+    add_step_args(ap, per_step="per GPU and step", batch=4, device_help=" (gloo, float32)")
     ap.add_argument("--check-targets", action="store_true",
                     help="exit non-zero when a target of benchmark_hf_training.py is missed")
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.batch is None:
-        args.batch = 2 if args.tiny else 4
-    if args.seq is None:
-        args.seq = 64 if args.tiny else 2048
-    if args.device is None:
-        import torch
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    args = fill_step_args(ap.parse_args(argv), batch=4)
     if args.nproc is None:
         import torch
         args.nproc = torch.cuda.device_count() if args.device == "cuda" else 2

@@ -365,43 +365,55 @@ def chosen_providers(args):
     return providers, notes
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default=None, help="cuda (default when a GPU is visible) or cpu")
+def add_step_args(ap, per_step="per step", batch=8, device_help=""):
+    """The options of a training-step benchmark (this one and benchmark_fsdp_training.py):
+    batch sequences `per_step`, `batch` of them by default."""
+    ap.add_argument("--device", default=None,
+                    help="cuda (default when a GPU is visible) or cpu" + device_help)
     ap.add_argument("--tiny", action="store_true",
                     help="a tiny Llama (hidden 64, 2 layers, vocab 1024), seq 64, batch 2: "
                          "a smoke test that runs on CPU in seconds")
     ap.add_argument("--providers", default=",".join(PROVIDERS),
                     help="comma-separated, from eager, fk, liger (liger is skipped on CPU)")
-    ap.add_argument("--batch", type=int, default=None, help="sequences per step (default 8; "
-                    "2 with --tiny); halved while eager runs out of memory")
+    ap.add_argument("--batch", type=int, default=None, help=f"sequences {per_step} (default "
+                    f"{batch}; 2 with --tiny); halved while eager runs out of memory")
     ap.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 2048; "
                     "64 with --tiny)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     ap.add_argument("--steps", type=int, default=10, help="timed steps (median reported)")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="CSV folder ('' for none; default "
-                    "benchmarks/results, none with --tiny)")
-    ap.add_argument("--check-targets", action="store_true",
-                    help="exit non-zero when a target is missed (by default only failed runs "
-                         "or insane losses do)")
-    ap.add_argument("--profile", action="store_true",
-                    help="after timing, print each provider's GPU kernels of one step")
     ap.add_argument("--model", default=MODELS[0], choices=MODELS,
                     help="the model's shape (default llama_3_2_1b)")
-    ap.add_argument("--amp", action="store_true",
-                    help="float32 weights, forwards under torch.autocast bf16 (as "
-                         "Trainer(bf16=True))")
+    ap.add_argument("--out", default=None, help="CSV folder ('' for none; default "
+                    "benchmarks/results, none with --tiny)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+
+
+def fill_step_args(args, batch=8):
+    """The defaults of add_step_args's options that depend on --tiny and the machine."""
     if args.batch is None:
-        args.batch = 2 if args.tiny else 8
+        args.batch = 2 if args.tiny else batch
     if args.seq is None:
         args.seq = 64 if args.tiny else 2048
     if args.device is None:
         import torch
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    return args
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_step_args(ap)
+    ap.add_argument("--check-targets", action="store_true",
+                    help="exit non-zero when a target is missed (by default only failed runs "
+                         "or insane losses do)")
+    ap.add_argument("--profile", action="store_true",
+                    help="after timing, print each provider's GPU kernels of one step")
+    ap.add_argument("--amp", action="store_true",
+                    help="float32 weights, forwards under torch.autocast bf16 (as "
+                         "Trainer(bf16=True))")
+    args = fill_step_args(ap.parse_args())
 
     if args.child:
         args.provider = args.child
