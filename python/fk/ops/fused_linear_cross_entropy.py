@@ -101,23 +101,29 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
 # --- checks and fake kernel (csrc/ops/fused_linear_cross_entropy/fused_linear_cross_entropy.cpp
 # raises the same messages) -------------------------------------------------------------------
 
-def check_fused_linear_cross_entropy(x, weight, target, bias, ce_weight, ignore_index,
-                                     label_smoothing, reduction, lse_square_scale, softcap,
-                                     chunk_size, accum_dtype):
-    op = "fk::fused_linear_cross_entropy"
-    c.check(x.dim() == 2, op, ": x must have shape (N, H), got ", c.shape_text(x))
-    c.check_pair(op, "x", x, "weight", weight)
+def check_linear_head(op, x, weight, bias, chunk_size, x_name="x", classes="V"):
+    """The checks of a chunked linear head's inputs: x (N, H), weight (classes, H), bias
+    (classes,), chunk_size (also the vocab-parallel head's, whose x is `hidden`)."""
+    c.check(x.dim() == 2, op, ": ", x_name, " must have shape (N, H), got ", c.shape_text(x))
+    c.check_pair(op, x_name, x, "weight", weight)
     c.check(weight.dim() == 2 and weight.shape[1] == x.shape[1], op,
-            ": weight must have shape (V, ", x.shape[1], ") to match x, got ",
-            c.shape_text(weight))
+            ": weight must have shape (", classes, ", ", x.shape[1], ") to match ", x_name,
+            ", got ", c.shape_text(weight))
     c.check(weight.shape[0] >= 1, op, ": weight must have at least one class (row), got shape ",
             c.shape_text(weight))
     if bias is not None:
-        c.check_pair(op, "x", x, "bias", bias)
+        c.check_pair(op, x_name, x, "bias", bias)
         c.check(bias.dim() == 1 and bias.shape[0] == weight.shape[0], op,
                 ": bias must have shape (", weight.shape[0], ",), got ", c.shape_text(bias))
     c.check(chunk_size is None or chunk_size >= 1, op, ": chunk_size must be positive, got ",
             0 if chunk_size is None else chunk_size)
+
+
+def check_fused_linear_cross_entropy(x, weight, target, bias, ce_weight, ignore_index,
+                                     label_smoothing, reduction, lse_square_scale, softcap,
+                                     chunk_size, accum_dtype):
+    op = "fk::fused_linear_cross_entropy"
+    check_linear_head(op, x, weight, bias, chunk_size)
     c.check(accum_dtype is None or accum_dtype in (torch.float32, weight.dtype), op,
             ": accum_dtype must be None, torch.float32 or the weight's dtype, got ",
             c.dtype_name(torch.float32 if accum_dtype is None else accum_dtype))

@@ -33,6 +33,7 @@ from torch.autograd.graph import increment_version
 from . import _checks as c
 from .cross_entropy import (REDUCTIONS, check_ce_target_and_options, output_dtype,
                             plain_eager, raise_when_differentiated, scale_stored_grad)
+from .fused_linear_cross_entropy import check_linear_head
 
 _OP = "fk::vocab_parallel_cross_entropy"
 _FLCE_OP = "fk::vocab_parallel_fused_linear_cross_entropy"
@@ -323,20 +324,7 @@ def vocab_parallel_fused_linear_cross_entropy(
     """
     op = _FLCE_OP
     rank, world = group_rank_and_size(group)
-    c.check(hidden.dim() == 2, op, ": hidden must have shape (N, H), got ",
-            c.shape_text(hidden))
-    c.check_pair(op, "hidden", hidden, "weight", weight)
-    c.check(weight.dim() == 2 and weight.shape[1] == hidden.shape[1], op,
-            ": weight must have shape (V_local, ", hidden.shape[1], ") to match hidden, got ",
-            c.shape_text(weight))
-    c.check(weight.shape[0] >= 1, op, ": weight must have at least one class (row), got shape ",
-            c.shape_text(weight))
-    if bias is not None:
-        c.check_pair(op, "hidden", hidden, "bias", bias)
-        c.check(bias.dim() == 1 and bias.shape[0] == weight.shape[0], op,
-                ": bias must have shape (", weight.shape[0], ",), got ", c.shape_text(bias))
-    c.check(chunk_size is None or chunk_size >= 1, op, ": chunk_size must be positive, got ",
-            0 if chunk_size is None else chunk_size)
+    check_linear_head(op, hidden, weight, bias, chunk_size, x_name="hidden", classes="V_local")
     c.check(reduction in REDUCTIONS, op, ": reduction must be one of 'mean', 'sum', 'none', "
             "got '", reduction, "'")
     out = output_dtype(op, hidden, loss_dtype)
