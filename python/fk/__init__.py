@@ -43,7 +43,7 @@ from .ops.vocab_parallel_cross_entropy import (  # noqa: E402
     vocab_parallel_cross_entropy, vocab_parallel_fused_linear_cross_entropy)
 from .ops import _sharding  # noqa: E402
 
-_sharding.register()  # DTensor rules of the ops above
+_sharding.register_when_imported()  # DTensor rules of the ops above
 
 __version__ = "0.1.0"
 
