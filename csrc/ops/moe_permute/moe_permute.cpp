@@ -22,8 +22,8 @@ void check_probs(const char* op, const Tensor& probs, const char* like_name, con
   checks::check_same_device(op, "probs", probs, like_name, like);
   checks::check_float(op, "probs", probs);
   FK_CHECK(probs.scalar_type() == kFloat || probs.scalar_type() == like.scalar_type(), op,
-           ": probs must be float32 or ", like_name, "'s dtype (", like.scalar_type(),
-           "), got ", probs.scalar_type());
+           ": probs must be float32 or the dtype of ", like_name, " (",
+           like.scalar_type(), "), got ", probs.scalar_type());
   FK_CHECK(probs.dim() == 2 && probs.size(0) == t && probs.size(1) == e, op,
            ": probs must have shape (", t, ", ", e, "), got ", shape_of(probs));
 }

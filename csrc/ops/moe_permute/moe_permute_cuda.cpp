@@ -24,10 +24,11 @@ const runtime::KernelSpec& pick(const char* op, const char* family, const Tensor
 
 // The data kernels' flags: aligned rows when H is a multiple of 16 and the (rows, H) tensors
 // are 16-byte aligned; float32 probs with 16-bit tokens.
+// `probs` is any probs-typed tensor the kernel reads or writes (undefined: none).
 uint32_t move_flags(int64_t h, std::initializer_list<const Tensor*> data, const Tensor& like,
-                    const std::optional<Tensor>& probs) {
+                    const Tensor& probs) {
   uint32_t flags = h % 16 == 0 && runtime::aligned16(data) ? runtime::kFlagAligned : 0;
-  if (has(probs) && probs->scalar_type() == kFloat && like.scalar_type() != kFloat) {
+  if (probs.defined() && probs.scalar_type() == kFloat && like.scalar_type() != kFloat) {
     flags |= kFlagProbsF32;
   }
   return flags;
@@ -52,11 +53,10 @@ void scatter_rows(const char* op, const Tensor& x, const Tensor& row_map, const 
                   const std::optional<Tensor>& w, const Tensor& out, const Tensor& pin,
                   const Tensor& pout, const Tensor& other, const Tensor& dw) {
   const int64_t t = x.size(0), h = x.size(1), e = row_map.size(1), n = out.size(0);
-  const std::optional<Tensor> probs = has(w) ? w : (pin.defined() ? std::optional(pin)
-                                                                  : std::nullopt);
+  const Tensor& probs = has(w) ? *w : pin;
   const uint32_t flags = move_flags(h, {&x, &out, &other}, x, probs);
   const auto& kern = pick(op, "moe_permute_scatter", x, flags);
-  const Tensor& any_p = has(w) ? *w : (pin.defined() ? pin : x);  // for pointers not read
+  const Tensor& any_p = probs.defined() ? probs : x;  // for the pointers not used
   const int64_t zr = kern.constexpr_value("ZR");
   KernelArgs args;
   args.ptr(x).ptr(row_map).ptr(has(w) ? *w : any_p).ptr(out)
@@ -74,11 +74,10 @@ void gather_rows(const char* op, const Tensor& y, const Tensor& row_map,
                  const Tensor& dp) {
   const int64_t t = row_map.size(0), h = y.size(1), e = row_map.size(1), n = y.size(0);
   if (t == 0) return;
-  const std::optional<Tensor> probs = has(w) ? w : (dp.defined() ? std::optional(dp)
-                                                                 : std::nullopt);
+  const Tensor& probs = has(w) ? *w : dp;
   const uint32_t flags = move_flags(h, {&y, &out}, y, probs);
   const auto& kern = pick(op, "moe_unpermute_gather", y, flags);
-  const Tensor& any_p = has(w) ? *w : (dp.defined() ? dp : out);
+  const Tensor& any_p = probs.defined() ? probs : out;  // for the pointers not used
   KernelArgs args;
   args.ptr(y).ptr(row_map).ptr(any_p).ptr(out).ptr(gpp.defined() ? gpp : any_p)
       .ptr(dp.defined() ? dp : any_p).i64(t).i64(h).i64(e).i64(n).i32(has(w) ? 1 : 0)

@@ -123,8 +123,9 @@ def _eager_unpermute(permuted, row_id_map, probs):
 def _check_probs(op, probs, like_name, like, t, e):
     c.check_same_device(op, "probs", probs, like_name, like)
     c.check_float(op, "probs", probs)
-    c.check(probs.dtype in (torch.float32, like.dtype), op, ": probs must be float32 or ",
-            like_name, "'s dtype (", c.dtype_name(like.dtype), "), got ",
+    c.check(probs.dtype in (torch.float32, like.dtype), op,
+            ": probs must be float32 or the dtype of ", like_name, " (",
+            c.dtype_name(like.dtype), "), got ",
             c.dtype_name(probs.dtype))
     c.check(probs.dim() == 2 and probs.shape[0] == t and probs.shape[1] == e, op,
             ": probs must have shape (", t, ", ", e, "), got ", c.shape_text(probs))
