@@ -184,6 +184,28 @@ def test_interpreter_unpermute_and_backward(dtype, k):
     assert_close(dw, pl.grad, torch.float32, factor=20, what="dprobs")
 
 
+def test_variants_cover_every_dtype():
+    """Every arch: the map kernels once per dtype; the data kernels per dtype with and without
+    aligned rows, and for 16-bit tokens with float32 probs too; the probs-typed pointers of
+    the tokens' dtype or float32."""
+    mod = load_triton_src("moe_permute")
+    for arch in (80, 90, 100, 120):
+        vs = mod.variants(arch)
+        for fam in ("moe_permute_count", "moe_permute_scan", "moe_permute_map",
+                    "moe_permute_invert"):
+            assert sorted(v.dtype for v in vs if v.family == fam) == ["bf16", "fp16", "fp32"]
+        for fam, data in (("moe_permute_scatter", "x_ptr"), ("moe_unpermute_gather", "y_ptr")):
+            got = sorted((v.dtype, v.flags) for v in vs if v.family == fam)
+            assert got == [(dt, f) for dt in ("bf16", "fp16", "fp32")
+                           for f in ((0, 1) if dt == "fp32" else (0, 1, 2, 3))]
+            for v in (v for v in vs if v.family == fam):
+                pdt = "fp32" if v.flags & mod.FLAG_PROBS_F32 else v.dtype
+                assert v.signature[data] == v.signature["out_ptr"] == f"*{v.dtype}"
+                assert v.signature["w_ptr"] == f"*{pdt}"
+                assert ("H" in v.divisible_by_16) == bool(v.flags & 1)
+                assert "w_ptr" not in v.divisible_by_16
+
+
 # --- level 2: the CPU backend --------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES + (torch.float64,))

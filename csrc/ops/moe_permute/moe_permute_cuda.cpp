@@ -14,8 +14,6 @@ using checks::ceil_div;
 using runtime::KernelArgs;
 
 constexpr uint32_t kFlagProbsF32 = 2;  // triton_src/moe_permute.py FLAG_PROBS_F32
-constexpr int64_t kMapTokens = 64;     // BT_MAP
-constexpr int64_t kMapExperts = 64;    // BE_MAP
 
 const runtime::KernelSpec& pick(const char* op, const char* family, const Tensor& like,
                                 uint32_t flags = 0) {
@@ -39,10 +37,12 @@ Tensor row_sources(const char* op, const Tensor& like, const Tensor& row_map, in
   auto src = aten::full({n}, -1.0, kInt, like.device());
   const int64_t t = row_map.size(0), e = row_map.size(1);
   if (t == 0 || e == 0 || n == 0) return src;
+  const auto& kern = pick(op, "moe_permute_invert", like);
   KernelArgs args;
   args.ptr(row_map).ptr(src).i64(t).i64(e).i64(n);
-  runtime::launch(op, pick(op, "moe_permute_invert", like), like.device(),
-                  {ceil_div(t, kMapTokens), ceil_div(e, kMapExperts), 1}, args);
+  const int64_t nb = ceil_div(t, kern.constexpr_value("BT"));
+  runtime::launch(op, kern, like.device(), {nb, ceil_div(e, kern.constexpr_value("BE")), 1},
+                  args);
   return src;
 }
 
@@ -98,16 +98,22 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> moe_permute_cuda(
   if (has(probs)) p = aten::contiguous(*probs);
   auto tpe = aten::zeros({e}, kInt, dev);
   auto row_map = aten::empty({t, e}, kInt, dev);
-  const int64_t nb = ceil_div(t, kMapTokens), ne = ceil_div(e, kMapExperts);
+  // blk (token blocks, E): per block of BT tokens, the routed count of each expert, then its
+  // exclusive prefix sum over the blocks (the count and map kernels share their blocks)
   Tensor blk;
+  int64_t nb = 0, ne = 0;
   if (t > 0 && e > 0) {
+    const auto& count = pick(op, "moe_permute_count", x);
+    const auto& scan = pick(op, "moe_permute_scan", x);
+    nb = ceil_div(t, count.constexpr_value("BT"));
+    ne = ceil_div(e, count.constexpr_value("BE"));
     blk = aten::empty({nb, e}, kInt, dev);
     KernelArgs a1;
     a1.ptr(mask).ptr(blk).i64(t).i64(e);
-    runtime::launch(op, pick(op, "moe_permute_count", x), dev, {nb, ne, 1}, a1);
+    runtime::launch(op, count, dev, {nb, ne, 1}, a1);
     KernelArgs a2;
     a2.ptr(blk).ptr(tpe).i64(nb).i64(e).i32(pad_to);
-    runtime::launch(op, pick(op, "moe_permute_scan", x), dev, {ne, 1, 1}, a2);
+    runtime::launch(op, scan, dev, {ceil_div(e, scan.constexpr_value("BE")), 1, 1}, a2);
   }
   int64_t n;
   if (num_out_rows.has_value()) {
