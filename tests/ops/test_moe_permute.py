@@ -504,6 +504,36 @@ def test_torch_compile_sync_mode():
         torch._dynamo.config.capture_dynamic_output_shape_ops = False
 
 
+class _Scripted(torch.nn.Module):
+    def forward(self, x: torch.Tensor, rmap: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        permuted, pp, row_map, tpe = fk.moe_permute(x, rmap, probs, pad_to=4, topk=2)
+        assert pp is not None
+        return fk.moe_unpermute(permuted * pp[:, None], row_map, probs) + tpe.sum()
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:DeprecationWarning")
+def test_torchscript_save_load(tmp_path):
+    module = _Scripted()
+    path = tmp_path / "moe.pt"
+    torch.jit.script(module).save(str(path))
+    loaded = torch.jit.load(str(path))
+    graph = str(loaded.inlined_graph)
+    assert "fk::moe_permute" in graph and "fk::moe_unpermute" in graph
+    rmap, probs = routing(9, 5, 2)
+    xs = [_randn(9, 6).requires_grad_() for _ in range(2)]
+    outs = [module(xs[0], rmap, probs), loaded(xs[1], rmap, probs)]
+    torch.testing.assert_close(outs[1], outs[0])
+    for o in outs:
+        o.sum().backward()
+    torch.testing.assert_close(xs[1].grad, xs[0].grad)
+    # each token comes back as itself times the sum of its squared probs, plus the row count
+    w = (probs * probs * rmap).sum(1, keepdim=True)
+    n = fk.ops.moe_permute.moe_permute_bound(9, 5, 2, 4)
+    ref_n = int(ref_row_map(rmap, 4)[1].sum())
+    assert ref_n <= n
+    assert_close(outs[0], xs[0].detach() * w + ref_n, torch.float32)
+
+
 # --- level 5: CUDA kernels ------------------------------------------------------------------
 
 CUDA_CASES = [

@@ -65,7 +65,8 @@ def moe_permute(tokens: torch.Tensor, routing_map: torch.Tensor,
         both counts).
     """
     if topk is not None:
-        c.check(num_out_rows is None, "fk::moe_permute: give topk or num_out_rows, not both")
+        if num_out_rows is not None:
+            raise RuntimeError("fk::moe_permute: give topk or num_out_rows, not both")
         num_out_rows = moe_permute_bound(tokens.shape[0], routing_map.shape[-1], topk, pad_to)
     if torch.jit.is_scripting() or not _autograd.eager():
         return torch.ops.fk.moe_permute(tokens, routing_map, probs, pad_to, num_out_rows)
@@ -75,11 +76,16 @@ def moe_permute(tokens: torch.Tensor, routing_map: torch.Tensor,
 def moe_permute_bound(num_tokens: int, num_experts: int, topk: int, pad_to: int = 16) -> int:
     """The most rows moe_permute's padded segments can need when each of ``num_tokens``
     tokens is routed to at most ``topk`` of ``num_experts`` experts."""
-    c.check(topk >= 1, "fk::moe_permute: topk must be at least 1, got ", topk)
-    c.check(pad_to >= 1, "fk::moe_permute: pad_to must be in [1, 2^31), got ", pad_to)
+    if topk < 1:
+        raise RuntimeError(f"fk::moe_permute: topk must be at least 1, got {topk}")
+    if pad_to < 1:
+        raise RuntimeError(f"fk::moe_permute: pad_to must be in [1, 2^31), got {pad_to}")
     routed = num_tokens * topk
-    bound = routed + torch.sym_min(num_experts, routed) * (pad_to - 1)
     per_expert = (num_tokens + pad_to - 1) // pad_to * pad_to
+    if torch.jit.is_scripting():
+        return min(routed + min(num_experts, routed) * (pad_to - 1), num_experts * per_expert)
+    # sym_min: no guard on the sizes under torch.compile with dynamic shapes
+    bound = routed + torch.sym_min(num_experts, routed) * (pad_to - 1)
     return torch.sym_min(bound, num_experts * per_expert)
 
 
