@@ -194,6 +194,10 @@ def test_variants_cover_every_dtype():
         for fam in ("moe_permute_count", "moe_permute_scan", "moe_permute_map",
                     "moe_permute_invert"):
             assert sorted(v.dtype for v in vs if v.family == fam) == ["bf16", "fp16", "fp32"]
+        # the map kernel runs on the count kernel's grid (the C++ launch reads count's blocks)
+        blocks = {(v.family, v.constexprs.get("BT"), v.constexprs["BE"]) for v in vs
+                  if v.family in ("moe_permute_count", "moe_permute_map")}
+        assert len({b[1:] for b in blocks}) == 1, blocks
         for fam, data in (("moe_permute_scatter", "x_ptr"), ("moe_unpermute_gather", "y_ptr")):
             got = sorted((v.dtype, v.flags) for v in vs if v.family == fam)
             assert got == [(dt, f) for dt in ("bf16", "fp16", "fp32")
