@@ -60,7 +60,9 @@ def moe_permute(tokens: torch.Tensor, routing_map: torch.Tensor,
         ``offs`` takes them).
 
         Differentiable in ``tokens`` and ``probs``. On CUDA the row map is built on the
-        device; where a bound is given and the segments need more rows (a token routed to
+        device, and each token's row is read once and written to its rows (8 experts per
+        pass; more take more passes). The trailing rows cost memory: with ``pad_to=128``
+        the bound holds up to ``127 * E`` rows more than ``T * topk``. Where a bound is given and the segments need more rows (a token routed to
         more than ``topk`` experts), a device-side assert fires (CPU: a RuntimeError naming
         both counts).
     """
