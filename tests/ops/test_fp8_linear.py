@@ -312,6 +312,36 @@ def test_bad_input():
         fk.nn.FP8Linear(100, 128)
 
 
+@pytest.mark.parametrize("m,k,n", [(256, 512, 384), (256, 1408, 256), (128, 128, 128),
+                                   (512, 384, 640)])
+def test_scaled_mm_layouts_pass_torch_checks(monkeypatch, m, k, n):
+    """Without a GPU: the three GEMMs' operands as the CUDA path hands them to
+    torch.nn.functional.scaled_mm, on fake CUDA tensors, pass torch's own meta checks of
+    _scaled_mm_v2 (shapes, strides, recipes; K / 128 and N / 128 not multiples of 4 take the
+    padded 128 x 128 scales); scales of the wrong recipe are rejected. The whole forward too, with
+    a token count that is padded to a multiple of 128."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    monkeypatch.setattr(L, "uses_scaled_mm", lambda device: torch.device(device).type == "cuda")
+    with FakeTensorMode():
+        x = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.empty(n, k, device="cuda", dtype=torch.bfloat16)
+        dy = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        xq = L.FP8Tensor(*fk.fp8_quantize(x, layout="both"))
+        gq = L.FP8Tensor(*fk.fp8_quantize(dy, layout="both"))
+        wq = L.quantize_weight(w, cache=False)
+        assert L._scaled_mm(xq.data, xq.scales, wq.data, wq.scales, (128, 128),
+                            torch.bfloat16).shape == (m, n)
+        assert L._scaled_mm(gq.data, gq.scales, wq.data_t, wq.scales_t, (128, 128),
+                            torch.bfloat16).shape == (m, k)
+        assert L._scaled_mm(gq.data_t, gq.scales_t, xq.data_t, xq.scales_t, (1, 128),
+                            torch.float32).shape == (n, k)
+        with pytest.raises(RuntimeError, match="blockwise scaling"):  # the wrong recipe
+            L._scaled_mm(xq.data, xq.scales, wq.data, wq.scales, (1, 128), torch.bfloat16)
+        y = fk.fp8_linear(torch.empty(m - 3, k, device="cuda", dtype=torch.bfloat16), w,
+                          cache_weight=False)
+        assert y.shape == (m - 3, n) and y.dtype == torch.bfloat16
+
+
 # --- the module and the converter -------------------------------------------------------------
 
 def test_module_is_linear():
