@@ -342,6 +342,17 @@ def test_scaled_mm_layouts_pass_torch_checks(monkeypatch, m, k, n):
         assert y.shape == (m - 3, n) and y.dtype == torch.bfloat16
 
 
+def test_torch_compile():
+    """Under torch.compile (graph breaks allowed) the layer gives eager's output and grads."""
+    x = randn(64, 256, seed=23).requires_grad_()
+    w = randn(128, 256, seed=24).requires_grad_()
+    f = torch.compile(lambda x, w: fk.fp8_linear(x, w))
+    y = f(x, w)
+    y.square().sum().backward()
+    ya, dxa, dwa, _ = run_layer(x, w, None, 2 * y.detach())
+    assert torch.equal(y, ya) and torch.equal(x.grad, dxa) and torch.equal(w.grad, dwa)
+
+
 # --- the module and the converter -------------------------------------------------------------
 
 def test_module_is_linear():
