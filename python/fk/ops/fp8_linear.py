@@ -55,6 +55,7 @@ checks ``_check_scaled_mm_sizes`` / ``_check_scaled_mm_sizes_v2`` in
   (K/128, N/128) for 1x128 x 128x128; (M, K/128) with (K/128, N) for 1x128 x 1x128),
   which is ambiguous (K = 128 reads as row-wise); fk uses ``scaled_mm`` with explicit
   recipes. No per-row fallback was needed.
+* ``use_fast_accum`` stays False (its default); not measured with True.
 
 Shapes: ``in_features`` and ``out_features`` must be positive multiples of 128 on every
 backend (an error names the multiple). Any token count M: on CUDA, when M is not a multiple
@@ -80,6 +81,7 @@ copy) and is dropped with the weight. A write the version counter does not see (
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import NamedTuple, Optional
 
 import torch
@@ -108,8 +110,14 @@ class FP8Tensor(NamedTuple):
 
 @functools.lru_cache(maxsize=None)
 def _has_blockwise_scaled_mm(index: int) -> bool:
-    """torch 2.11 runs the DeepSeek-style blockwise scaled matmul on sm_90 only."""
-    return torch.cuda.get_device_capability(index) == (9, 0)
+    """torch 2.11 runs the DeepSeek-style blockwise scaled matmul on sm_90 only; elsewhere
+    the reference path runs, with one warning per GPU (it is correct but slow)."""
+    cap = torch.cuda.get_device_capability(index)
+    if cap != (9, 0):
+        warnings.warn(f"{OP}: torch's blockwise FP8 scaled matmul runs on sm_90 only; on "
+                      f"cuda:{index} (sm_{cap[0]}{cap[1]}) the FP8 GEMMs run as the float32 "
+                      f"reference path (dequantize + matmul), which is slow", stacklevel=3)
+    return cap == (9, 0)
 
 
 def uses_scaled_mm(device: torch.device) -> bool:
