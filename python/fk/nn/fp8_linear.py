@@ -21,6 +21,9 @@ class FP8Linear(nn.Linear):
     see :mod:`fk.ops.fp8_linear`). ``in_features`` and ``out_features`` must be multiples
     of 128. Keywords: ``pow2_scales`` (power-of-two scales), ``cache_weight`` (reuse the
     quantized weight while the weight is unchanged; default True).
+
+        layer = fk.nn.FP8Linear(4096, 14336, bias=False, device="cuda", dtype=torch.bfloat16)
+        model = fk.nn.convert_to_fp8_linear(model, lambda name, m: "lm_head" not in name)
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,

@@ -188,6 +188,8 @@ def clear_fp8_weight_cache() -> None:
 
 
 def _weight_key(weight, pow2_scales):
+    if torch.compiler.is_compiling():  # traced: no Python-side state, quantize in the graph
+        return None
     try:
         version = weight._version
     except RuntimeError:  # inference tensors have no version counter: no caching
