@@ -343,7 +343,8 @@ def test_scaled_mm_layouts_pass_torch_checks(monkeypatch, m, k, n):
 
 
 def test_torch_compile():
-    """Under torch.compile (graph breaks allowed) the layer gives eager's output and grads."""
+    """Under torch.compile the layer runs eagerly (a graph break: traced, its backward gave
+    zero gradients) and gives eager's output and gradients, the gradients not zero."""
     x = randn(64, 256, seed=23).requires_grad_()
     w = randn(128, 256, seed=24).requires_grad_()
     f = torch.compile(lambda x, w: fk.fp8_linear(x, w))
@@ -351,6 +352,7 @@ def test_torch_compile():
     y.square().sum().backward()
     ya, dxa, dwa, _ = run_layer(x, w, None, 2 * y.detach())
     assert torch.equal(y, ya) and torch.equal(x.grad, dxa) and torch.equal(w.grad, dwa)
+    assert x.grad.abs().max() > 0 and w.grad.abs().max() > 0
 
 
 # --- the module and the converter -------------------------------------------------------------

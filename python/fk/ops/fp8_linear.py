@@ -188,8 +188,6 @@ def clear_fp8_weight_cache() -> None:
 
 
 def _weight_key(weight, pow2_scales):
-    if torch.compiler.is_compiling():  # traced: no Python-side state, quantize in the graph
-        return None
     try:
         version = weight._version
     except RuntimeError:  # inference tensors have no version counter: no caching
@@ -279,10 +277,12 @@ def _layout(rowwise: bool, columnwise: bool) -> str:
 
 class _FP8Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, x_fp8, out_dtype, pow2_scales, cache_weight):
+    def forward(ctx, x, weight, bias, x_fp8, need, out_dtype, pow2_scales, cache_weight):
+        # need: which of (x, weight, bias) get gradients, decided by the caller (under
+        # torch.compile's tracing ctx.needs_input_grad does not tell).
         n, k = weight.shape
         m = x.numel() // k
-        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_dx, need_dw = need[0], need[1]
         # Rows padded to a multiple of 128 where scaled_mm runs (its 1 x 128 scales of the
         # weight-gradient GEMM's operands need whole blocks along M).
         mp = -(-m // BLOCK) * BLOCK if uses_scaled_mm(x.device) else m
@@ -300,6 +300,7 @@ class _FP8Linear(torch.autograd.Function):
                               w.data_t if need_dx else None, w.scales_t if need_dx else None)
         ctx.dims = (m, mp, n, k, x.shape, x.dtype, weight.dtype,
                     bias.dtype if bias is not None else None, pow2_scales)
+        ctx.need = need
         # (m, n), not a view: a custom Function's output that is a view of one of its
         # intermediates cannot be modified in place. The padded case pays a copy.
         return y if mp == m else y[:m].clone()
@@ -308,7 +309,7 @@ class _FP8Linear(torch.autograd.Function):
     def backward(ctx, grad_y):
         xq_t, sx_t, wq_t, sw_t = ctx.saved_tensors
         m, mp, n, k, x_shape, x_dtype, w_dtype, b_dtype, pow2_scales = ctx.dims
-        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        need_dx, need_dw, need_db = ctx.need
         dx = dw = db = None
         g = grad_y.reshape(m, n)
         if need_dx or need_dw:
@@ -323,7 +324,7 @@ class _FP8Linear(torch.autograd.Function):
                 dw = scaled_gemm(gq.data_t, gq.scales_t, xq_t, sx_t, (1, BLOCK), w_dtype)
         if need_db:
             db = g.sum(0, dtype=torch.float32).to(b_dtype)
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None, None, None, None
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
@@ -358,6 +359,10 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         backward: the column-wise FP8 copy of ``x`` (1 byte per element) and the quantized
         weight's transposed copy.
 
+    Under ``torch.compile`` the checks are traced and the layer itself runs eagerly (a
+    graph break): traced by torch 2.11's dynamo, its autograd Function's backward gave
+    all-zero gradients (CPU, every backend), so it is kept out of the graph.
+
     Raises:
         RuntimeError naming ``fk.fp8_linear`` for wrong shapes, dtypes or devices, and
         in_features / out_features not multiples of 128.
@@ -366,9 +371,18 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     out_dtype = x.dtype
     if torch.is_autocast_enabled(x.device.type):
         out_dtype = torch.get_autocast_dtype(x.device.type)
+    grad = torch.is_grad_enabled()
+    need = (grad and x.requires_grad, grad and weight.requires_grad,
+            grad and bias is not None and bias.requires_grad)
     if x_fp8 is not None:
         k = weight.shape[1]
-        x_fp8 = _check_x_fp8(x_fp8, x.numel() // k, k,
-                             torch.is_grad_enabled() and weight.requires_grad, x.device)
-    y = _FP8Linear.apply(x, weight, bias, x_fp8, out_dtype, pow2_scales, cache_weight)
+        x_fp8 = _check_x_fp8(x_fp8, x.numel() // k, k, need[1], x.device)
+    y = _apply(x, weight, bias, x_fp8, need, out_dtype, pow2_scales, cache_weight)
     return y.view(*x.shape[:-1], weight.shape[0])
+
+
+@torch.compiler.disable
+def _apply(*args):
+    """The autograd Function, run eagerly under torch.compile (a graph break): traced by
+    torch 2.11's dynamo, its backward gave all-zero gradients on the CPU."""
+    return _FP8Linear.apply(*args)
