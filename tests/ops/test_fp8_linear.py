@@ -343,8 +343,9 @@ def test_scaled_mm_layouts_pass_torch_checks(monkeypatch, m, k, n):
 
 
 def test_torch_compile():
-    """Under torch.compile the layer runs eagerly (a graph break: traced, its backward gave
-    zero gradients) and gives eager's output and gradients, the gradients not zero."""
+    """Under torch.compile the layer runs eagerly (a graph break: torch 2.11's dynamo gives
+    zero gradients for an autograd Function whose output aliases an intermediate) and gives
+    eager's output and gradients, the gradients not zero."""
     x = randn(64, 256, seed=23).requires_grad_()
     w = randn(128, 256, seed=24).requires_grad_()
     f = torch.compile(lambda x, w: fk.fp8_linear(x, w))

@@ -360,8 +360,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         weight's transposed copy.
 
     Under ``torch.compile`` the checks are traced and the layer itself runs eagerly (a
-    graph break): traced by torch 2.11's dynamo, its autograd Function's backward gave
-    all-zero gradients (CPU, every backend), so it is kept out of the graph.
+    graph break): torch 2.11's dynamo gives all-zero gradients for an autograd Function
+    whose output aliases one of its intermediates (here the reference path's no-op
+    ``.to(float32)``; every backend, eager included), so it is kept out of the graph.
 
     Raises:
         RuntimeError naming ``fk.fp8_linear`` for wrong shapes, dtypes or devices, and
@@ -383,6 +384,6 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
 
 @torch.compiler.disable
 def _apply(*args):
-    """The autograd Function, run eagerly under torch.compile (a graph break): traced by
-    torch 2.11's dynamo, its backward gave all-zero gradients on the CPU."""
+    """The autograd Function, run eagerly under torch.compile (a graph break; see
+    :func:`fp8_linear`)."""
     return _FP8Linear.apply(*args)
