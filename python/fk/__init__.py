@@ -19,6 +19,7 @@ load_library()
 from . import nn  # noqa: E402
 from .ops.cross_entropy import CrossEntropyOutput, cross_entropy  # noqa: E402
 from .ops.dyt import dyt  # noqa: E402
+from .ops.fp8_linear import fp8_linear  # noqa: E402
 from .ops.fp8_quantize import fp8_dequantize, fp8_quantize  # noqa: E402
 from .ops.fused_add_rms_norm import fused_add_rms_norm  # noqa: E402
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
@@ -51,7 +52,8 @@ __version__ = "0.1.0"
 #: Pass to CMake (CMAKE_PREFIX_PATH) so that ``find_package(fk)`` finds this installation.
 cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
-__all__ = ["CrossEntropyOutput", "cross_entropy", "dyt", "fp8_dequantize", "fp8_quantize",
+__all__ = ["CrossEntropyOutput", "cross_entropy", "dyt", "fp8_dequantize", "fp8_linear",
+           "fp8_quantize",
            "fused_add_rms_norm",
            "fused_linear_cross_entropy", "fused_linear_jsd", "geglu", "group_norm", "jsd",
            "kl_div", "layer_norm", "llama4_rope", "moe_permute", "moe_unpermute",
