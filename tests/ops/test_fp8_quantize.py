@@ -231,6 +231,18 @@ def test_cpu_zeros_inf_nan(dtype, block, pow2):
     assert (fk.fp8_dequantize(q, s, block, torch.float32)[0, 128:256] == 0).all()
 
 
+@pytest.mark.parametrize("shape", [(100, 300), (300, 100), (1, 1), (128, 128)])
+def test_cpu_outputs_never_share_memory(shape):
+    """The column-wise copies are copies: with a single block row or column, the transpose of
+    a matrix with a dim of 1 is already contiguous and must still not alias the row-wise
+    output (custom ops may not return aliases)."""
+    x = randn(*shape, dtype=torch.float32)
+    for block in BLOCKS:
+        outs = fk.fp8_quantize(x, block=block, layout="both")
+        ptrs = [o.untyped_storage().data_ptr() for o in outs]
+        assert len(set(ptrs)) == 4, (block, shape)
+
+
 def test_cpu_known_values():
     x = torch.zeros(2, 256)
     x[0, 0], x[0, 1], x[0, 2] = 448.0, -1.0, 1.0625  # scale 1: 1.0625 ties to 1.0 (even)

@@ -82,8 +82,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cpu(Tensor x, int64_t bl
   } else {
     std::tie(q, s) = quantize_tiles(xf, pow2_scales);
     if (want.columnwise) {
-      qt = aten::contiguous(aten::t(q));
-      st = aten::contiguous(aten::t(s));
+      // Copies, never views: t() of a matrix with a dim of 1 is already contiguous, and the
+      // op's outputs must not share memory.
+      qt = aten::clone(aten::t(q));
+      st = aten::clone(aten::t(s));
     }
     if (!want.rowwise) q = s = Tensor();
   }
