@@ -1,6 +1,6 @@
 """What ``import fk`` pulls in: neither torch._dynamo (torch.compile's front end, a second to
 import) nor torch.distributed.tensor (half a second), which fk needs only when they are used:
-the tiled MLP is put under torch.compiler.disable on first use, and the DTensor sharding rules
+the tiled MLP and the FP8 linear layer are put under torch.compiler.disable on first use, and the DTensor sharding rules
 are registered when torch.distributed.tensor is imported, before or after fk."""
 import subprocess
 import sys
@@ -20,8 +20,9 @@ _AFTER = textwrap.dedent("""
     assert torch.ops.fk._rms_norm_forward.default in rules, "no rules after the import"
     assert torch.ops.fk.rope.default in rules
     import fk.nn.tiled_mlp as t
-    assert t.tiled_gated_mlp is t.tiled_gated_mlp  # made once
     assert t.tiled_gated_mlp is not t._tiled_gated_mlp  # the compiler-disabled wrapper
+    import fk.nn, fk.ops.fp8_linear  # everything fk.nn and the FP8 layer load
+    assert "torch._dynamo" not in sys.modules, "torch._dynamo imported by fk.nn"
     print("OK")
 """)
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from ..ops._autograd import compiler_disabled
 from ._gated_mlp import GatedMLP
 
 ACTIVATIONS = ("swiglu", "geglu_tanh", "geglu_none")
@@ -250,22 +251,7 @@ def _tiled_gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
                                            activation, num_shards, cdt, acc_dtype)
 
 
-_DISABLED = None
-
-
-def _compiler_disabled():
-    """``tiled_gated_mlp``: the function above under ``torch.compiler.disable``, made on first
-    use (the decorator imports torch._dynamo, a second of ``import fk`` otherwise)."""
-    global _DISABLED
-    if _DISABLED is None:
-        _DISABLED = torch.compiler.disable(_tiled_gated_mlp)
-    return _DISABLED
-
-
-def __getattr__(name: str):
-    if name == "tiled_gated_mlp":
-        return _compiler_disabled()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+tiled_gated_mlp = compiler_disabled(_tiled_gated_mlp)
 
 
 class _TiledMLP(GatedMLP):
@@ -281,7 +267,7 @@ class _TiledMLP(GatedMLP):
         self.fp32_grad_accumulation = fp32_grad_accumulation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _compiler_disabled()(x, self.gate_proj.weight, self.up_proj.weight,
+        return tiled_gated_mlp(x, self.gate_proj.weight, self.up_proj.weight,
                                self.down_proj.weight, self.gate_proj.bias, self.up_proj.bias,
                                self.down_proj.bias, self._activation, self.num_shards,
                                self.fp32_grad_accumulation)

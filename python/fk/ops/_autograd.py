@@ -15,6 +15,8 @@ so that differentiating them raises, instead of reading as constants.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch._C import _functions
 
@@ -99,3 +101,20 @@ def eager() -> bool:
     """True where a Python wrapper may call the eager form: not under torch.compile's tracing
     (which takes the operator and its registered formula)."""
     return not torch.compiler.is_compiling()
+
+
+def compiler_disabled(fn):
+    """``fn`` under ``torch.compiler.disable`` (a graph break: torch.compile runs it eagerly),
+    wrapped on the first call: the decorator imports torch._dynamo (and with it Triton where
+    installed), which a module-level ``@torch.compiler.disable`` would make every
+    ``import fk`` pay."""
+    disabled = None
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        nonlocal disabled
+        if disabled is None:
+            disabled = torch.compiler.disable(fn)
+        return disabled(*args, **kwargs)
+
+    return call

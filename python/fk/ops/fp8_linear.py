@@ -88,6 +88,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _checks as c
+from ._autograd import compiler_disabled
 from .fp8_quantize import fp8_dequantize, fp8_quantize
 
 OP = "fk.fp8_linear"
@@ -382,7 +383,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
-@torch.compiler.disable
+@compiler_disabled
 def _apply(*args):
     """The autograd Function, run eagerly under torch.compile (a graph break; see
     :func:`fp8_linear`)."""
