@@ -25,29 +25,9 @@ sm_80 has no FP8 conversions.
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+from _common import DTYPES, FLAG_ALIGNED, Variant, _quantize, _scale, aligned_args
 
-FP8_MAX = tl.constexpr(448.0)
-MIN_SCALE = tl.constexpr(1.1754943508222875e-38)  # 2^-126, the smallest normal float32
 TILE = 128
-
-
-@triton.jit
-def _scale(amax, pow2):
-    """The dequantization scale of blocks of absolute maximum ``amax`` (NaN read as inf)."""
-    s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
-    s = tl.where(amax == 0.0, 1.0, tl.maximum(s, MIN_SCALE))
-    if pow2 != 0:
-        bits = s.to(tl.int32, bitcast=True)
-        up = (bits + 0x7FFFFF) & -0x800000  # next power of two; inf stays inf
-        s = up.to(tl.float32, bitcast=True)
-    return tl.where(amax == float("inf"), float("nan"), s)
-
-
-@triton.jit
-def _quantize(x, s):
-    q = tl.math.div_rn(x, s)
-    return tl.where(q > FP8_MAX, FP8_MAX, tl.where(q < -FP8_MAX, -FP8_MAX, q))
 
 
 @triton.jit
