@@ -22,8 +22,8 @@ swiglu_fp8_bwd_q_kernel: the input gradient dx (M, 2n) of h = silu(gate) * up gi
     program per TILE_M x 128 tile of dh writes the tile of the gate half and the tile of the
     up half; n must be a multiple of 128 (the C++ launcher checks), so that both are whole
     columns of blocks.
-swiglu_fp8_dx_kernel: dx of h = silu(gate) * up * p (p = 1 without ``has_p``), one row per
-    program in chunks of BLOCK_N, and dp[r] = sum_j dh[r, j] * silu(gate[r, j]) * up[r, j]
+swiglu_fp8_dx_kernel: dx of h = silu(gate) * up * p (p = 1 without ``has_p``), ROWS rows per
+    program in chunks of BLOCK_N columns, and dp[r] = sum_j dh[r, j] * silu(gate[r, j]) * up[r, j]
     (fp32) with ``has_p``.
 
 silu' = s + silu * (1 - s) with s = sigmoid(gate), as fk.swiglu's backward. Offsets are
@@ -139,23 +139,27 @@ def swiglu_fp8_bwd_q_kernel(dh_ptr, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, n, w
 
 
 @triton.jit
-def swiglu_fp8_dx_kernel(dh_ptr, x_ptr, p_ptr, dx_ptr, dp_ptr, n, has_p, BLOCK_N: tl.constexpr):
+def swiglu_fp8_dx_kernel(dh_ptr, x_ptr, p_ptr, dx_ptr, dp_ptr, M, n, has_p, ROWS: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
     dtype = x_ptr.dtype.element_ty
-    row = tl.program_id(0).to(tl.int64)
-    p = tl.load(p_ptr + row, mask=has_p != 0, other=1.0)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < M
+    p = tl.load(p_ptr + rows, mask=rmask & (has_p != 0), other=1.0)
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for start in range(0, n, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < n
-        dh = tl.load(dh_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(x_ptr + row * 2 * n + cols, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(x_ptr + row * 2 * n + n + cols, mask=mask, other=0.0).to(tl.float32)
-        dg, du = _swiglu_grads(dh * p, g, u)
-        tl.store(dx_ptr + row * 2 * n + cols, dg.to(dtype), mask=mask)
-        tl.store(dx_ptr + row * 2 * n + n + cols, du.to(dtype), mask=mask)
+        mask = rmask[:, None] & (cols < n)[None, :]
+        x_offs = rows[:, None] * (2 * n) + cols[None, :]
+        dh = tl.load(dh_ptr + rows[:, None] * n + cols[None, :], mask=mask,
+                     other=0.0).to(tl.float32)
+        g = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + x_offs + n, mask=mask, other=0.0).to(tl.float32)
+        dg, du = _swiglu_grads(dh * p[:, None], g, u)
+        tl.store(dx_ptr + x_offs, dg.to(dtype), mask=mask)
+        tl.store(dx_ptr + x_offs + n, du.to(dtype), mask=mask)
         if has_p != 0:
             acc += dh * (g * tl.sigmoid(g)) * u
-    tl.store(dp_ptr + row, tl.sum(acc, axis=0), mask=has_p != 0)
+    tl.store(dp_ptr + rows, tl.sum(acc, axis=1), mask=rmask & (has_p != 0))
 
 
 _FP8 = {"q_ptr": "*fp8e4nv", "qt_ptr": "*fp8e4nv", "s_ptr": "*fp32", "st_ptr": "*fp32"}
@@ -163,14 +167,17 @@ _FWD = ("x_ptr", "p_ptr", "tpe_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "h_pt
         "E", "has_p", "want_row", "want_col", "want_h", "pow2")
 _BWD_Q = ("dh_ptr", "x_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "M", "n", "want_row",
           "want_col", "pow2")
-_DX = ("dh_ptr", "x_ptr", "p_ptr", "dx_ptr", "dp_ptr", "n", "has_p")
+_DX = ("dh_ptr", "x_ptr", "p_ptr", "dx_ptr", "dp_ptr", "M", "n", "has_p")
 _TYPES = {**_FP8, "p_ptr": "*fp32", "dp_ptr": "*fp32", "tpe_ptr": "*i64", "M": "i64",
           "n": "i64", "E": "i64"}
 # Row tiles: 32 rows where only the row-wise copy is written, 128 for the column-wise one.
 TILES_M = (32, 128)
 # MoE form with the column-wise copy: experts per program's scan (the smallest >= E).
 E_BLOCKS = (64, 256, 1024)
-DX_BLOCK = 1024
+# dx kernel: tiles of DX_ROWS rows x DX_BLOCK columns (16 bytes per thread and load for 2-byte
+# types with 4 warps), looped over n.
+DX_ROWS = 4
+DX_BLOCK = 256
 
 
 def _sig(args, dt, constexprs):
@@ -187,7 +194,7 @@ def variants(arch: int) -> list:
     for dt in DTYPES:
         fwd = _sig(_FWD, dt, ("TILE_M", "TILE_N", "E_BLOCK"))
         bwd_q = _sig(_BWD_Q, dt, ("TILE_M", "TILE_N"))
-        dx = _sig(_DX, dt, ("BLOCK_N",))
+        dx = _sig(_DX, dt, ("ROWS", "BLOCK_N"))
         # FLAG_ALIGNED: M and n multiples of 16 and x 16-byte aligned (wide loads and stores).
         for flags in (0, FLAG_ALIGNED):
             mn = aligned_args(fwd, flags, ("M", "n"))
@@ -208,7 +215,8 @@ def variants(arch: int) -> list:
                                    constexprs={"TILE_M": TILE, "TILE_N": TILE, "E_BLOCK": eb},
                                    num_warps=8, flags=flags, divisible_by_16=mn))
             out.append(Variant(family="swiglu_fp8_dx", kernel="swiglu_fp8_dx_kernel", dtype=dt,
-                               block=DX_BLOCK, signature=dx, constexprs={"BLOCK_N": DX_BLOCK},
+                               block=DX_BLOCK, signature=dx,
+                               constexprs={"ROWS": DX_ROWS, "BLOCK_N": DX_BLOCK},
                                num_warps=4, flags=flags,
                                divisible_by_16=aligned_args(dx, flags, ("n",))))
     return out

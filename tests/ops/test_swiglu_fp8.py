@@ -170,7 +170,8 @@ def test_interpreter_dx(dtype, n):
     probs = torch.rand(m)
     for has_p in (0, 1):
         dx, dp = torch.full((m, 2 * n), math.nan, dtype=dtype), torch.full((m,), math.nan)
-        mod.swiglu_fp8_dx_kernel[(m,)](dh, x, probs, dx, dp, n, has_p, BLOCK_N=1024)
+        mod.swiglu_fp8_dx_kernel[(cdiv(m, 4),)](dh, x, probs, dx, dp, m, n, has_p, ROWS=4,
+                                                BLOCK_N=256)
         p = probs.double() if has_p else torch.ones(m, dtype=torch.float64)
         gx, gp = ref_grads(lambda x, p: _silu_mul(*_gate_up(x)) * p[:, None],
                            [x.requires_grad_(), p.requires_grad_()], dh)
@@ -188,7 +189,7 @@ def test_interpreter_backward_quantized(dtype, layout, tile, m, n):
     mod = load_triton_src("swiglu_fp8")
     x, dh = randn(m, 2 * n, dtype=dtype, scale=2.0), randn(m, n, dtype=dtype)
     dx, dp = torch.empty(m, 2 * n, dtype=dtype), torch.empty(m)
-    mod.swiglu_fp8_dx_kernel[(m,)](dh, x, x, dx, dp, n, 0, BLOCK_N=1024)
+    mod.swiglu_fp8_dx_kernel[(cdiv(m, 4),)](dh, x, x, dx, dp, m, n, 0, ROWS=4, BLOCK_N=256)
     for pow2 in (False, True):
         q, qt = torch.full((m, 2 * n), math.nan), torch.full((2 * n, m), math.nan)
         s, st = torch.full((2 * n // 128, m), -1.0), torch.full((cdiv(m, 128), 2 * n), -1.0)

@@ -13,6 +13,7 @@ using Out5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 
 constexpr int64_t kMaxExperts = 1024;  // the largest E_BLOCK of triton_src/swiglu_fp8.py
 constexpr int64_t kRowTile = 32;       // row tile of the row-wise-only kernels
+constexpr int64_t kDxRows = 4;         // rows per program of the dx kernel (DX_ROWS)
 
 void check_grid_y(const char* op, int64_t n) {
   // Tiles of 128 columns run along the grid's y dimension (at most 65535 on CUDA).
@@ -106,8 +107,9 @@ std::pair<Tensor, Tensor> dx_cuda(const char* op, const Tensor& grad_h, const Te
       n % 16 == 0 && runtime::aligned16({&xc, &dh}) ? runtime::kFlagAligned : 0;
   const auto& kern = fam.pick(op, xc, 1, flags);
   KernelArgs args;
-  args.ptr(dh).ptr(xc).ptr(pc).ptr(dx).ptr(probs ? dp : dx).i64(n).i32(probs ? 1 : 0);
-  runtime::launch(op, kern, x.device(), {m, 1, 1}, args);
+  args.ptr(dh).ptr(xc).ptr(pc).ptr(dx).ptr(probs ? dp : dx).i64(m).i64(n)
+      .i32(probs ? 1 : 0);
+  runtime::launch(op, kern, x.device(), {ceil_div(m, kDxRows), 1, 1}, args);
   return {dx, dp};
 }
 
