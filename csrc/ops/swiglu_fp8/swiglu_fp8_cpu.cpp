@@ -12,10 +12,12 @@ namespace {
 using checks::ceil_div;
 using Out5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 
-// silu(gate) * up (* probs[:, None]) in fp32, rounded to x's dtype.
+// silu(gate) * up (* probs[:, None]) in fp32, rounded to x's dtype. x is made contiguous
+// first: ATen's CPU kernels may round differently on strided operands (vectorized or not),
+// and the result must not depend on x's layout.
 Tensor swiglu_h(const Tensor& x, const Tensor* probs) {
   const int64_t n = x.size(1) / 2;
-  auto xf = aten::to(x, kFloat);
+  auto xf = aten::contiguous(aten::to(x, kFloat));
   auto g = aten::narrow(xf, 1, 0, n), u = aten::narrow(xf, 1, n, n);
   auto h = g * aten::sigmoid(g) * u;
   if (probs) h = h * aten::unsqueeze(*probs, 1);
@@ -84,7 +86,8 @@ Out5 moe_swiglu_fp8_cpu(Tensor x, Tensor probs, Tensor tokens_per_expert, std::s
 std::pair<Tensor, Tensor> swiglu_grads(const Tensor& grad_h, const Tensor& x,
                                        const Tensor* probs) {
   const int64_t n = x.size(1) / 2;
-  auto xf = aten::to(x, kFloat), dh = aten::to(grad_h, kFloat);
+  auto xf = aten::contiguous(aten::to(x, kFloat));
+  auto dh = aten::contiguous(aten::to(grad_h, kFloat));
   auto g = aten::narrow(xf, 1, 0, n), u = aten::narrow(xf, 1, n, n);
   auto sg = aten::sigmoid(g);
   auto silu = g * sg;
