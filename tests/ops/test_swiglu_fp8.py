@@ -310,6 +310,42 @@ def test_cpu_autograd_through_h(dtype, shape):
     assert not any(t.requires_grad for t in fk.swiglu_fp8(x, layout="both"))
 
 
+class _DownProj(torch.autograd.Function):
+    """y = h @ w.T computed from h's FP8 row-wise copy (dequantized: a CPU stand-in for an
+    FP8 GEMM), the gradient passed to h: the pattern of the module docstring."""
+
+    @staticmethod
+    def forward(ctx, h, q, s, w):
+        ctx.save_for_backward(w)
+        return fk.fp8_dequantize(q, s, dtype=torch.float32) @ w.t()
+
+    @staticmethod
+    def backward(ctx, dy):
+        (w,) = ctx.saved_tensors
+        return (dy @ w).to(w.dtype), None, None, None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_straight_through_down_projection(dtype):
+    """The forward uses the FP8 copy (within FP8 error of float64 h @ w.T); x.grad is float64
+    autograd of silu(gate) * up @ w.T, as if there were no quantization."""
+    m, n, k = 130, 256, 64
+    x = randn(m, 2 * n, dtype=dtype, scale=2.0).requires_grad_()
+    w = randn(k, n, dtype=dtype)
+    q, s, h = fk.swiglu_fp8(x, return_h=True)
+    y = _DownProj.apply(h, q, s, w.float())
+    dy = randn(m, k)
+    y.backward(dy)
+    g, u = _gate_up(x.detach().double())
+    h64 = _silu_mul(g, u)
+    ref = h64 @ w.double().t()
+    bound = h64.abs() @ w.double().abs().t() * (2.0 ** -4 + 2 * EPS[dtype]) + 1e-12
+    assert ((y.double() - ref).abs() <= bound).all()
+    (gx,) = ref_grads(lambda x: _silu_mul(*_gate_up(x)) @ w.double().t(),
+                      [x.detach().clone().requires_grad_()], dy)
+    assert_close(x.grad, gx, dtype, factor=4, what="dx")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("counts", COUNTS[:2])
 def test_cpu_moe_autograd_through_h(dtype, counts):

@@ -17,7 +17,26 @@ which is differentiable in x (and probs); the quantized copies are its values in
 consumer that multiplies the FP8 copies (an FP8 GEMM) passes its gradient with respect to
 its activation input to ``h`` (for instance by taking ``h`` as an input of its autograd
 Function next to the quantized copies), which treats the quantization as the identity in the
-backward: ``dx = d(silu(gate) * up)/dx . dL/dh``. Without ``return_h`` (inference, or a
+backward: ``dx = d(silu(gate) * up)/dx . dL/dh``. Writing ``h`` costs one more (M, n) store
+in x's dtype (the unfused swiglu -> fp8_quantize pair writes it too). For example::
+
+    class DownProjFp8(torch.autograd.Function):  # y = h @ w.T from h's FP8 copy
+        @staticmethod
+        def forward(ctx, h, q, s, w):
+            ctx.save_for_backward(w)
+            wq, ws = fk.fp8_quantize(w, block=(128, 128))
+            return torch._scaled_mm(q, wq.t(), scale_a=s.t(), scale_b=ws.t(),
+                                    out_dtype=h.dtype)
+
+        @staticmethod
+        def backward(ctx, dy):
+            (w,) = ctx.saved_tensors
+            return dy @ w, None, None, None  # dL/dh; dL/dw left out here
+
+    q, s, h = fk.swiglu_fp8(x, return_h=True)
+    y = DownProjFp8.apply(h, q, s, w)  # y.backward() reaches x through h
+
+Without ``return_h`` (inference, or a
 hand-written backward), nothing is differentiable; ``fk.swiglu_fp8_backward`` and
 ``fk.moe_swiglu_fp8_backward`` are the backward as functions, the first also quantizing dx in
 1 x 128 blocks (``grad_layout``) for the FP8 GEMMs of the backward, which autograd cannot
