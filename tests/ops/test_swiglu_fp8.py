@@ -589,9 +589,11 @@ def test_cuda_moe_forward(dtype, layout, counts):
     n = 1408 if big else 140
     x, probs, tpe = moe_inputs(counts, n, dtype, device="cuda")
     for pow2 in ((False,) if big else (False, True)):
-        for xx in ((x,) if big else (x, misaligned(x))):
+        for xx, pp, tt in (((x, probs, tpe),) if big else
+                           ((x, probs, tpe), (misaligned(x), misaligned(probs), tpe),
+                            (x, probs, misaligned(tpe)))):
             poison_cuda_cache()
-            _, h = check_forward(xx, layout, pow2, probs, tpe, counts)
+            _, h = check_forward(xx, layout, pow2, pp, tt, counts)
     assert_close(h, _ref_h(x, probs), dtype, what="h")
 
 
@@ -622,6 +624,11 @@ def test_cuda_backward(dtype, shape):
     gx, gp = ref_grads(lambda x, p: _silu_mul(*_gate_up(x)) * p[:, None], [x, probs], dh)
     assert_close(x.grad, gx, dtype, factor=2, what="moe dx")
     assert_close(probs.grad, gp, torch.float32, factor=10, what="dprobs")
+    # misaligned inputs (the unaligned variant): the same results up to rounding
+    dx, dp = fk.moe_swiglu_fp8_backward(misaligned(dh), misaligned(x.detach()),
+                                        misaligned(probs.detach()))
+    torch.testing.assert_close(dx, x.grad)
+    torch.testing.assert_close(dp, probs.grad)
 
 
 @pytest.mark.cuda

@@ -1,5 +1,7 @@
 // CUDA kernels of fk::swiglu_fp8, fk::moe_swiglu_fp8 and their backwards: AOT-compiled Triton
 // (triton_src/swiglu_fp8.py). The forward reads x once and writes every copy asked for.
+#include <initializer_list>
+
 #include "ops/swiglu_fp8/swiglu_fp8.h"
 #include "runtime/checks.h"
 #include "runtime/kernels.h"
@@ -22,11 +24,10 @@ void check_grid_y(const char* op, int64_t n) {
            " (65535 blocks of 128)");
 }
 
-// The aligned variants: M and n multiples of 16 and x 16-byte aligned (outputs are fresh).
-uint32_t align_flags(const Tensor& xc, int64_t m, int64_t n, const Tensor* other = nullptr) {
-  const bool ok = m % 16 == 0 && n % 16 == 0 &&
-                  (other ? runtime::aligned16({&xc, other}) : runtime::aligned16({&xc}));
-  return ok ? runtime::kFlagAligned : 0;
+// The aligned variants: M and n multiples of 16 and every input 16-byte aligned (the aligned
+// variants hint every pointer; the outputs are fresh allocations).
+uint32_t align_flags(int64_t m, int64_t n, std::initializer_list<const Tensor*> inputs) {
+  return m % 16 == 0 && n % 16 == 0 && runtime::aligned16(inputs) ? runtime::kFlagAligned : 0;
 }
 
 // The forward of both forms; probs / tpe null for the plain one.
@@ -61,8 +62,9 @@ Out5 forward(const char* op, const Tensor& x, const Tensor* probs, const Tensor*
   static const auto& plain = runtime::family("swiglu_fp8_fwd");
   static const auto& moe = runtime::family("moe_swiglu_fp8_fwd");
   const int64_t tile = want.columnwise ? kFp8Block : kRowTile;
-  const auto& kern = segmented ? moe.pick(op, xc, experts, align_flags(xc, m, n))
-                               : plain.pick(op, xc, tile, align_flags(xc, m, n));
+  const uint32_t flags = align_flags(m, n, {&xc, &pc, &tc});
+  const auto& kern = segmented ? moe.pick(op, xc, experts, flags)
+                               : plain.pick(op, xc, tile, flags);
   const Tensor& q_any = want.rowwise ? q : qt;  // the pointers of a copy not asked for are
   const Tensor& s_any = want.rowwise ? s : st;  // never written; any valid one will do
   KernelArgs args;
@@ -103,9 +105,8 @@ std::pair<Tensor, Tensor> dx_cuda(const char* op, const Tensor& grad_h, const Te
   auto xc = aten::contiguous(x), dh = aten::contiguous(grad_h);
   Tensor pc = probs ? aten::contiguous(*probs) : xc;
   static const auto& fam = runtime::family("swiglu_fp8_dx");
-  const uint32_t flags =
-      n % 16 == 0 && runtime::aligned16({&xc, &dh}) ? runtime::kFlagAligned : 0;
-  const auto& kern = fam.pick(op, xc, 1, flags);
+  // (the dx kernel's aligned variant hints n only, not M)
+  const auto& kern = fam.pick(op, xc, 1, align_flags(16, n, {&xc, &dh, &pc}));
   KernelArgs args;
   args.ptr(dh).ptr(xc).ptr(pc).ptr(dx).ptr(probs ? dp : dx).i64(m).i64(n)
       .i32(probs ? 1 : 0);
@@ -137,7 +138,7 @@ Out5 swiglu_fp8_backward_cuda(Tensor grad_h, Tensor x, std::string grad_layout,
   auto xc = aten::contiguous(x), dh = aten::contiguous(grad_h);
   static const auto& fam = runtime::family("swiglu_fp8_bwd_q");
   const int64_t tile = want.columnwise ? kFp8Block : kRowTile;
-  const auto& kern = fam.pick(op, xc, tile, align_flags(xc, m, n, &dh));
+  const auto& kern = fam.pick(op, xc, tile, align_flags(m, n, {&xc, &dh}));
   const Tensor& q_any = want.rowwise ? q : qt;
   const Tensor& s_any = want.rowwise ? s : st;
   KernelArgs args;
