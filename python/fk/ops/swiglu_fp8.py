@@ -8,7 +8,8 @@ Inputs: ``x (M, 2n)`` holds the gate projection then the up projection of each r
 What is quantized: ``h = silu(gate) * up`` (``* probs[:, None]`` in the MoE form), computed in
 float32 (silu as ``g * sigmoid(g)``, as fk.swiglu and Liger do) and rounded once to x's dtype;
 the FP8 copies are exactly ``fk.fp8_quantize`` of that rounded ``h`` (1 x 128 blocks). So the
-fused op equals the unfused pair ``swiglu -> fp8_quantize`` in x's dtype, from one read of x.
+fused op computes what the unfused pair ``fk.swiglu -> fk.fp8_quantize`` does, from one read
+of x.
 
 Gradients (straight-through): an FP8 tensor cannot carry a gradient (autograd would cast the
 incoming gradient to float8), so the quantized copies are not differentiable. The gradient
@@ -36,11 +37,10 @@ in x's dtype (the unfused swiglu -> fp8_quantize pair writes it too). For exampl
     q, s, h = fk.swiglu_fp8(x, return_h=True)
     y = DownProjFp8.apply(h, q, s, w)  # y.backward() reaches x through h
 
-Without ``return_h`` (inference, or a
-hand-written backward), nothing is differentiable; ``fk.swiglu_fp8_backward`` and
-``fk.moe_swiglu_fp8_backward`` are the backward as functions, the first also quantizing dx in
-1 x 128 blocks (``grad_layout``) for the FP8 GEMMs of the backward, which autograd cannot
-return.
+Without ``return_h`` (inference, or a hand-written backward), nothing is differentiable;
+``fk.swiglu_fp8_backward`` and ``fk.moe_swiglu_fp8_backward`` are the backward as functions,
+the first also quantizing dx in 1 x 128 blocks (``grad_layout``) for the FP8 GEMMs of the
+backward, which autograd cannot return.
 
 The MoE form's column-wise copy (the input of the per-expert weight-gradient GEMMs) is
 quantized per expert segment; see ``moe_swiglu_fp8``.
