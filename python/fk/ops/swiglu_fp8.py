@@ -110,6 +110,11 @@ def swiglu_fp8_backward(grad_h: torch.Tensor, x: torch.Tensor, grad_layout=None,
 
     dx's gate half is ``grad_h * up * silu'(gate)``, its up half ``grad_h * silu(gate)``, in
     float32, rounded once to x's dtype. Not differentiable.
+
+    Raises:
+        RuntimeError naming ``fk::swiglu_fp8_backward`` for a wrong shape, dtype or
+        grad_layout, a quantized dx with n not a multiple of 128; on a CUDA GPU older than
+        compute capability 9.0 (as the forward).
     """
     gl = "none" if grad_layout is None else grad_layout
     dx, q, s, qt, st = torch.ops.fk.swiglu_fp8_backward(grad_h, x, gl, pow2_scales)
