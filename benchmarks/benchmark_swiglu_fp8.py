@@ -15,8 +15,9 @@ which the torch reference computes without a host loop over experts), probs floa
 
 --pass fwd: h = silu(gate) * up (* p) quantized, --layout both by default (the row-wise copy
 for the down projection's forward GEMM, the column-wise one for its weight-gradient GEMM).
---pass bwd: dx of h given dh (bf16), plain form quantized with --grad-layout (default both;
-'none' writes dx in x's dtype), MoE form dx and dprobs. The ops are timed as functions
+--pass bwd: dx of h given dh (bf16), quantized with --grad-layout (plain form: default both;
+MoE form: default none, or rowwise; 'none' writes dx in x's dtype), and dprobs in the MoE
+form. The ops are timed as functions
 (forward mode of the harness). Bytes moved: every input read once, every output written once
 (float8 data 1 byte, float32 scales per 128 elements).
 """
@@ -52,8 +53,10 @@ def main():
     p.add_argument("--form", default="plain", choices=["plain", "moe"])
     p.add_argument("--pass", dest="which", default="fwd", choices=["fwd", "bwd"])
     p.add_argument("--layout", default="both", choices=["rowwise", "columnwise", "both"])
-    p.add_argument("--grad-layout", default="both",
-                   choices=["none", "rowwise", "columnwise", "both"])
+    p.add_argument("--grad-layout", default=None,
+                   choices=["none", "rowwise", "columnwise", "both"],
+                   help="backward: quantize dx (default: both for the plain form, none for "
+                        "the MoE form, which has none and rowwise)")
     p.add_argument("--moe-n", type=int, default=1408, help="MoE form: intermediate per expert")
     p.add_argument("--experts", type=int, default=256)
     p.add_argument("--topk", type=int, default=8)
@@ -63,9 +66,12 @@ def main():
     moe = args.form == "moe"
     n = (max(args.moe_n // (H.QUICK_DIV if args.quick else 1), 128) if moe
          else ctx.model.intermediate_size)
-    if args.which == "bwd" and not moe and args.grad_layout != "none" and n % 128:
+    grad_layout = args.grad_layout or ("none" if moe else "both")
+    if moe and grad_layout not in ("none", "rowwise"):
+        raise SystemExit("the MoE form's backward quantizes dx row-wise only")
+    if args.which == "bwd" and grad_layout != "none" and n % 128:
         raise SystemExit(f"a quantized gradient needs n % 128 == 0, got n = {n}")
-    layout, grad_layout = args.layout, args.grad_layout
+    layout = args.layout
     e = ctx.elem
 
     def rows_of(tokens):
@@ -94,20 +100,18 @@ def main():
         if args.which == "fwd":
             return m * 2 * n * e + probs + copies_bytes(m, n, layout)
         read = m * n * e + m * 2 * n * e + probs
-        if moe:
-            return read + m * 2 * n * e + 4 * m
         out = m * 2 * n * e if grad_layout == "none" else copies_bytes(m, 2 * n, grad_layout)
-        return read + out
+        return read + out + (4 * m if moe else 0)
 
     def reference(*inputs):
         if args.which == "fwd":
             x = inputs[0]
             return torch_fp8_quantize(torch_h(x, inputs[1] if moe else None), 1, layout)
         dh, x = inputs[:2]
-        if moe:
-            return torch_dx(dh, x, inputs[2])
-        dx = torch_dx(dh, x)
-        return dx if grad_layout == "none" else torch_fp8_quantize(dx, 1, grad_layout)
+        dx, dp = torch_dx(dh, x, inputs[2]) if moe else (torch_dx(dh, x), None)
+        if grad_layout != "none":
+            dx = torch_fp8_quantize(dx, 1, grad_layout)
+        return dx if dp is None else (dx, dp)
 
     def fk_op():
         import fk
@@ -115,9 +119,9 @@ def main():
             if moe:
                 return lambda x, pr, tpe: fk.moe_swiglu_fp8(x, pr, tpe, layout=layout)
             return lambda x: fk.swiglu_fp8(x, layout=layout)
-        if moe:
-            return fk.moe_swiglu_fp8_backward
         gl = None if grad_layout == "none" else grad_layout
+        if moe:
+            return lambda dh, x, pr: fk.moe_swiglu_fp8_backward(dh, x, pr, grad_layout=gl)
         return lambda dh, x: fk.swiglu_fp8_backward(dh, x, grad_layout=gl)
 
     providers = {
@@ -126,7 +130,7 @@ def main():
         "fk": fk_op,
     }
     what = (f"{args.which} layout {layout}" if args.which == "fwd" else
-            f"{args.which}" + ("" if moe else f" grad_layout {grad_layout}"))
+            f"{args.which} grad_layout {grad_layout}")
     shape = (f"(tokens x {args.topk}, 2 x {n}), {args.experts} experts" if moe
              else f"(tokens, 2 x {n})")
     H.run(ctx, f"{'moe_' if moe else ''}swiglu_fp8_{args.which}", make_inputs, providers,

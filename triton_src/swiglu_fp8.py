@@ -23,8 +23,10 @@ swiglu_fp8_bwd_q_kernel: the input gradient dx (M, 2n) of h = silu(gate) * up gi
     up half; n must be a multiple of 128 (the C++ launcher checks), so that both are whole
     columns of blocks.
 swiglu_fp8_dx_kernel: dx of h = silu(gate) * up * p (p = 1 without ``has_p``), ROWS rows per
-    program in chunks of BLOCK_N columns, and dp[r] = sum_j dh[r, j] * silu(gate[r, j]) * up[r, j]
-    (fp32) with ``has_p``.
+    program in chunks of BLOCK_N columns, stored in x's dtype (``want_dx``) and / or rounded to
+    it and quantized in 1 x 128 blocks along 2n (``want_q``: q (M, 2n), s (2n / 128, M);
+    BLOCK_N = 128 and n a multiple of 128), and dp[r] = sum_j dh[r, j] * silu(gate[r, j]) *
+    up[r, j] (fp32) with ``has_p``.
 
 silu' = s + silu * (1 - s) with s = sigmoid(gate), as fk.swiglu's backward. Offsets are
 int64. Masked elements of partial tiles read as 0 and are not stored. Built for sm_90 and
@@ -139,8 +141,8 @@ def swiglu_fp8_bwd_q_kernel(dh_ptr, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, n, w
 
 
 @triton.jit
-def swiglu_fp8_dx_kernel(dh_ptr, x_ptr, p_ptr, dx_ptr, dp_ptr, M, n, has_p, ROWS: tl.constexpr,
-                         BLOCK_N: tl.constexpr):
+def swiglu_fp8_dx_kernel(dh_ptr, x_ptr, p_ptr, dx_ptr, dp_ptr, q_ptr, s_ptr, M, n, has_p,
+                         want_dx, want_q, pow2, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
     dtype = x_ptr.dtype.element_ty
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     rmask = rows < M
@@ -148,15 +150,23 @@ def swiglu_fp8_dx_kernel(dh_ptr, x_ptr, p_ptr, dx_ptr, dp_ptr, M, n, has_p, ROWS
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for start in range(0, n, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        mask = rmask[:, None] & (cols < n)[None, :]
+        cmask = cols < n
+        mask = rmask[:, None] & cmask[None, :]
         x_offs = rows[:, None] * (2 * n) + cols[None, :]
         dh = tl.load(dh_ptr + rows[:, None] * n + cols[None, :], mask=mask,
                      other=0.0).to(tl.float32)
         g = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(x_ptr + x_offs + n, mask=mask, other=0.0).to(tl.float32)
         dg, du = _swiglu_grads(dh * p[:, None], g, u)
-        tl.store(dx_ptr + x_offs, dg.to(dtype), mask=mask)
-        tl.store(dx_ptr + x_offs + n, du.to(dtype), mask=mask)
+        if want_dx != 0:
+            tl.store(dx_ptr + x_offs, dg.to(dtype), mask=mask)
+            tl.store(dx_ptr + x_offs + n, du.to(dtype), mask=mask)
+        if want_q != 0:  # BLOCK_N == 128 and n % 128 == 0: each chunk is one block of a row
+            blk = start // BLOCK_N
+            _store_fp8(dg.to(dtype).to(tl.float32), rows, cols, rmask, cmask, q_ptr, s_ptr,
+                       q_ptr, s_ptr, M, 2 * n, blk, 0, 1, 0, pow2)
+            _store_fp8(du.to(dtype).to(tl.float32), rows, cols + n, rmask, cmask, q_ptr, s_ptr,
+                       q_ptr, s_ptr, M, 2 * n, n // BLOCK_N + blk, 0, 1, 0, pow2)
         if has_p != 0:
             acc += dh * (g * tl.sigmoid(g)) * u
     tl.store(dp_ptr + rows, tl.sum(acc, axis=1), mask=rmask & (has_p != 0))
@@ -167,7 +177,8 @@ _FWD = ("x_ptr", "p_ptr", "tpe_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "h_pt
         "E", "has_p", "want_row", "want_col", "want_h", "pow2")
 _BWD_Q = ("dh_ptr", "x_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "M", "n", "want_row",
           "want_col", "pow2")
-_DX = ("dh_ptr", "x_ptr", "p_ptr", "dx_ptr", "dp_ptr", "M", "n", "has_p")
+_DX = ("dh_ptr", "x_ptr", "p_ptr", "dx_ptr", "dp_ptr", "q_ptr", "s_ptr", "M", "n", "has_p",
+       "want_dx", "want_q", "pow2")
 _TYPES = {**_FP8, "p_ptr": "*fp32", "dp_ptr": "*fp32", "tpe_ptr": "*i64", "M": "i64",
           "n": "i64", "E": "i64"}
 # Row tiles: 32 rows where only the row-wise copy is written, 128 for the column-wise one.
@@ -175,13 +186,15 @@ TILES_M = (32, 128)
 # MoE form with the column-wise copy: experts per program's scan (the smallest >= E).
 E_BLOCKS = (64, 256, 1024)
 # dx kernel: tiles of DX_ROWS rows x DX_BLOCK columns (16 bytes per thread and load for 2-byte
-# types with 4 warps), looped over n.
+# types with 4 warps), looped over n; the variant quantizing dx row-wise ("swiglu_fp8_dx_q")
+# takes chunks of one block, 128 columns, over 8 rows.
 DX_ROWS = 4
 DX_BLOCK = 256
+DX_Q_ROWS = 8
 
 
 def _sig(args, dt, constexprs):
-    sig = {a: _TYPES.get(a, "i32" if a in ("has_p", "want_row", "want_col", "want_h", "pow2")
+    sig = {a: _TYPES.get(a, "i32" if a.startswith(("has_", "want_", "pow2"))
                          else f"*{dt}") for a in args}
     sig.update({c: "constexpr" for c in constexprs})
     return sig
@@ -214,9 +227,11 @@ def variants(arch: int) -> list:
                                    dtype=dt, block=eb, signature=fwd,
                                    constexprs={"TILE_M": TILE, "TILE_N": TILE, "E_BLOCK": eb},
                                    num_warps=8, flags=flags, divisible_by_16=mn))
-            out.append(Variant(family="swiglu_fp8_dx", kernel="swiglu_fp8_dx_kernel", dtype=dt,
-                               block=DX_BLOCK, signature=dx,
-                               constexprs={"ROWS": DX_ROWS, "BLOCK_N": DX_BLOCK},
-                               num_warps=4, flags=flags,
-                               divisible_by_16=aligned_args(dx, flags, ("n",))))
+            for fam, rows, block in (("swiglu_fp8_dx", DX_ROWS, DX_BLOCK),
+                                     ("swiglu_fp8_dx_q", DX_Q_ROWS, TILE)):
+                out.append(Variant(family=fam, kernel="swiglu_fp8_dx_kernel", dtype=dt,
+                                   block=block, signature=dx,
+                                   constexprs={"ROWS": rows, "BLOCK_N": block},
+                                   num_warps=4, flags=flags,
+                                   divisible_by_16=aligned_args(dx, flags, ("n",))))
     return out

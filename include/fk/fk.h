@@ -490,15 +490,17 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mo
   return op.call(x, probs, tokens_per_expert, layout, pow2_scales, return_h);
 }
 
-// (dx in x's dtype, dprobs float32) of moe_swiglu_fp8's h given grad_h (M, n).
-inline std::tuple<at::Tensor, at::Tensor> moe_swiglu_fp8_backward(const at::Tensor& grad_h,
-                                                                  const at::Tensor& x,
-                                                                  const at::Tensor& probs) {
+// (dx in x's dtype, dprobs float32, undefined, undefined) of moe_swiglu_fp8's h given grad_h
+// (M, n); grad_layout "rowwise": (undefined, dprobs, data (M, 2n), scales (2n/128, M)) of dx
+// quantized in 1 x 128 blocks (n % 128 == 0).
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_swiglu_fp8_backward(
+    const at::Tensor& grad_h, const at::Tensor& x, const at::Tensor& probs,
+    const std::string& grad_layout = "none", bool pow2_scales = false) {
   static const auto op =
-      detail::op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                    const at::Tensor&)>(
+      detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+          const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view, bool)>(
           "fk::moe_swiglu_fp8_backward");
-  return op.call(grad_h, x, probs);
+  return op.call(grad_h, x, probs, grad_layout, pow2_scales);
 }
 
 }  // namespace fk

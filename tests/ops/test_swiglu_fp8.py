@@ -170,8 +170,8 @@ def test_interpreter_dx(dtype, n):
     probs = torch.rand(m)
     for has_p in (0, 1):
         dx, dp = torch.full((m, 2 * n), math.nan, dtype=dtype), torch.full((m,), math.nan)
-        mod.swiglu_fp8_dx_kernel[(cdiv(m, 4),)](dh, x, probs, dx, dp, m, n, has_p, ROWS=4,
-                                                BLOCK_N=256)
+        mod.swiglu_fp8_dx_kernel[(cdiv(m, 4),)](dh, x, probs, dx, dp, dx, dp, m, n, has_p, 1, 0,
+                                                0, ROWS=4, BLOCK_N=256)
         p = probs.double() if has_p else torch.ones(m, dtype=torch.float64)
         gx, gp = ref_grads(lambda x, p: _silu_mul(*_gate_up(x)) * p[:, None],
                            [x.requires_grad_(), p.requires_grad_()], dh)
@@ -189,7 +189,8 @@ def test_interpreter_backward_quantized(dtype, layout, tile, m, n):
     mod = load_triton_src("swiglu_fp8")
     x, dh = randn(m, 2 * n, dtype=dtype, scale=2.0), randn(m, n, dtype=dtype)
     dx, dp = torch.empty(m, 2 * n, dtype=dtype), torch.empty(m)
-    mod.swiglu_fp8_dx_kernel[(cdiv(m, 4),)](dh, x, x, dx, dp, m, n, 0, ROWS=4, BLOCK_N=256)
+    mod.swiglu_fp8_dx_kernel[(cdiv(m, 4),)](dh, x, x, dx, dp, dx, dp, m, n, 0, 1, 0, 0, ROWS=4,
+                                            BLOCK_N=256)
     for pow2 in (False, True):
         q, qt = torch.full((m, 2 * n), math.nan), torch.full((2 * n, m), math.nan)
         s, st = torch.full((2 * n // 128, m), -1.0), torch.full((cdiv(m, 128), 2 * n), -1.0)
@@ -202,6 +203,29 @@ def test_interpreter_backward_quantized(dtype, layout, tile, m, n):
             same(g, w)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n", [(13, 256), (8, 128)])
+def test_interpreter_dx_quantized(dtype, m, n):
+    """The row-wise quantizing form of the dx kernel (chunks of 128 columns): the copy bit for
+    bit the reference quantization of the dx it also writes; dp as without quantization."""
+    mod = load_triton_src("swiglu_fp8")
+    x, dh = randn(m, 2 * n, dtype=dtype, scale=2.0), randn(m, n, dtype=dtype)
+    probs = torch.rand(m)
+    dx, dp = torch.full((m, 2 * n), math.nan, dtype=dtype), torch.full((m,), math.nan)
+    dx0, dp0 = dx.clone(), dp.clone()
+    mod.swiglu_fp8_dx_kernel[(cdiv(m, 4),)](dh, x, probs, dx0, dp0, dx0, dp0, m, n, 1, 1, 0, 0,
+                                            ROWS=4, BLOCK_N=256)
+    for pow2 in (False, True):
+        q, s = torch.full((m, 2 * n), math.nan), torch.full((2 * n // 128, m), -1.0)
+        mod.swiglu_fp8_dx_kernel[(cdiv(m, 8),)](dh, x, probs, dx, dp, q, s, m, n, 1, 1, 1,
+                                                int(pow2), ROWS=8, BLOCK_N=128)
+        same(dx, dx0)
+        rq, rs = ref_quantize_rows(dx.float(), pow2)
+        same(q, rq)
+        same(s, rs)
+        assert_close(dp, dp0, torch.float32, what="dp")
+
+
 def test_variants_cover_every_dtype():
     mod = load_triton_src("swiglu_fp8")
     assert mod.variants(80) == []
@@ -211,7 +235,7 @@ def test_variants_cover_every_dtype():
             fams.setdefault(v.family, set()).add((v.dtype, v.flags, v.block))
         for fam, blocks in (("swiglu_fp8_fwd", mod.TILES_M), ("swiglu_fp8_bwd_q", mod.TILES_M),
                             ("moe_swiglu_fp8_fwd", mod.E_BLOCKS),
-                            ("swiglu_fp8_dx", (mod.DX_BLOCK,))):
+                            ("swiglu_fp8_dx", (mod.DX_BLOCK,)), ("swiglu_fp8_dx_q", (128,))):
             assert fams[fam] == {(dt, f, b) for dt in ("fp32", "bf16", "fp16") for f in (0, 1)
                                  for b in blocks}, fam
 
@@ -397,6 +421,18 @@ def test_cpu_backward_quantized(dtype, layout, pow2, m, n):
     check_quantized(as_four(out, layout), dx, layout, pow2)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pow2", [False, True])
+def test_cpu_moe_backward_quantized(dtype, pow2):
+    x, probs, _ = moe_inputs([0, 130, 5, 0, 165], 256, dtype)
+    dh = randn(300, 256, dtype=dtype)
+    dx, dp = fk.moe_swiglu_fp8_backward(dh, x, probs)
+    q, s, dp2 = fk.moe_swiglu_fp8_backward(dh, x, probs, grad_layout="rowwise",
+                                           pow2_scales=pow2)
+    check_quantized((q, s, None, None), dx, "rowwise", pow2)
+    assert torch.equal(dp, dp2)
+
+
 def test_cpu_non_contiguous_and_empty():
     x = randn(400, 300).t()
     for a, b in zip(fk.swiglu_fp8(x, layout="both"), fk.swiglu_fp8(x.contiguous(), "both")):
@@ -450,6 +486,12 @@ BAD = [
      "grad_h must have shape"),
     ("moe probs", lambda d: fk.moe_swiglu_fp8_backward(_t(2, 4, d=d), _t(2, 8, d=d), _t(1, d=d)),
      "probs must have shape"),
+    ("moe grad layout", lambda d: fk.moe_swiglu_fp8_backward(_t(2, 128, d=d), _t(2, 256, d=d),
+                                                             _t(2, d=d), "both"),
+     "grad_layout must be 'none' or 'rowwise'"),
+    ("moe grad n", lambda d: fk.moe_swiglu_fp8_backward(_t(2, 4, d=d), _t(2, 8, d=d),
+                                                        _t(2, d=d), "rowwise"),
+     "multiple of 128, got n = 4"),
 ]
 
 
@@ -477,7 +519,9 @@ def test_opcheck(layout):
     dh = randn(130, 256)
     torch.library.opcheck(torch.ops.fk.swiglu_fp8_backward, (dh, x, layout, False))
     torch.library.opcheck(torch.ops.fk.swiglu_fp8_backward, (dh, x, "none", False))
-    torch.library.opcheck(torch.ops.fk.moe_swiglu_fp8_backward, (dh, xx, probs))
+    torch.library.opcheck(torch.ops.fk.moe_swiglu_fp8_backward, (dh, xx, probs, "none", False))
+    torch.library.opcheck(torch.ops.fk.moe_swiglu_fp8_backward,
+                          (dh, xx, probs, "rowwise", True))
 
 
 def test_opcheck_autograd():
@@ -651,6 +695,25 @@ def test_cuda_backward_quantized(dtype, layout, shape):
                 assert_quantized_near(q, s, gx, 4 * EPS[dtype], pow2)
             if qt is not None:
                 assert_quantized_near(qt, st, gx.t(), 4 * EPS[dtype], pow2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(130, 256), (8192, 1408), (1, 128)])
+def test_cuda_moe_backward_quantized(dtype, shape):
+    _need_fp8_gpu()
+    m, n = shape
+    x = randn(m, 2 * n, dtype=dtype, device="cuda", scale=2.0)
+    probs = torch.rand(m, device="cuda")
+    dh = randn(m, n, dtype=dtype, device="cuda")
+    gx, gp = ref_grads(lambda x, p: _silu_mul(*_gate_up(x)) * p[:, None],
+                       [x.clone().requires_grad_(), probs.clone().requires_grad_()], dh)
+    for pow2 in (False, True):
+        for xx, pp in ((x, probs), (misaligned(x), misaligned(probs))):
+            poison_cuda_cache()
+            q, s, dp = fk.moe_swiglu_fp8_backward(dh, xx, pp, "rowwise", pow2)
+            assert_quantized_near(q, s, gx, 4 * EPS[dtype], pow2)
+            assert_close(dp, gp, torch.float32, factor=10, what="dprobs")
 
 
 @pytest.mark.cuda

@@ -72,11 +72,20 @@ Fp8Layout check_moe_swiglu_fp8(const Tensor& x, const Tensor& probs,
   return parse_fp8_layout(op, layout);
 }
 
-void check_moe_swiglu_fp8_backward(const Tensor& grad_h, const Tensor& x, const Tensor& probs) {
+bool check_moe_swiglu_fp8_backward(const Tensor& grad_h, const Tensor& x, const Tensor& probs,
+                                   const std::string& grad_layout) {
   constexpr const char* op = kMoeSwigluFp8Backward;
   check_x(op, x);
   check_grad_h(op, grad_h, x);
   check_probs(op, probs, x);
+  FK_CHECK(grad_layout == "none" || grad_layout == "rowwise", op,
+           ": grad_layout must be 'none' or 'rowwise' (a column-wise copy per expert segment "
+           "is not implemented), got '", grad_layout, "'");
+  if (grad_layout == "none") return false;
+  const int64_t n = x.size(1) / 2;
+  FK_CHECK(n % kFp8Block == 0, op, ": a quantized gradient (grad_layout '", grad_layout,
+           "') needs n (x's last dim / 2) to be a multiple of 128, got n = ", n);
+  return true;
 }
 
 }  // namespace fk::ops
@@ -99,6 +108,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(fk, m) {
   m.def("moe_swiglu_fp8(Tensor x, Tensor probs, Tensor tokens_per_expert, "
         "str layout='rowwise', bool pow2_scales=False, bool return_h=False) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-  // (dx in x's dtype, dprobs float32) of the MoE form.
-  m.def("moe_swiglu_fp8_backward(Tensor grad_h, Tensor x, Tensor probs) -> (Tensor, Tensor)");
+  // (dx in x's dtype, dprobs float32, undefined x 2) of the MoE form; grad_layout 'rowwise':
+  // (undefined, dprobs, data (M, 2n), scales (2n / 128, M)) of dx quantized in 1 x 128 blocks.
+  m.def("moe_swiglu_fp8_backward(Tensor grad_h, Tensor x, Tensor probs, "
+        "str grad_layout='none', bool pow2_scales=False) -> (Tensor, Tensor, Tensor, Tensor)");
 }

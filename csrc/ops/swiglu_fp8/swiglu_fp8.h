@@ -26,7 +26,10 @@ Fp8Layout check_swiglu_fp8_backward(const Tensor& grad_h, const Tensor& x,
 // device.
 Fp8Layout check_moe_swiglu_fp8(const Tensor& x, const Tensor& probs,
                                const Tensor& tokens_per_expert, const std::string& layout);
-void check_moe_swiglu_fp8_backward(const Tensor& grad_h, const Tensor& x, const Tensor& probs);
+// grad_layout "none" or "rowwise" (which needs n to be a multiple of 128); returns whether dx
+// is quantized.
+bool check_moe_swiglu_fp8_backward(const Tensor& grad_h, const Tensor& x, const Tensor& probs,
+                                   const std::string& grad_layout);
 
 // Rows of the MoE form's column-wise scales: the most blocks E segments of M tokens in all
 // can have, sum_e ceil(M_e / 128) <= (M + 127 E) / 128.

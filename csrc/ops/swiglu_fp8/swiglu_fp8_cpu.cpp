@@ -109,10 +109,13 @@ Out5 swiglu_fp8_backward_cpu(Tensor grad_h, Tensor x, std::string grad_layout,
   return {Tensor(), q, s, qt, st};
 }
 
-std::tuple<Tensor, Tensor> moe_swiglu_fp8_backward_cpu(Tensor grad_h, Tensor x, Tensor probs) {
-  check_moe_swiglu_fp8_backward(grad_h, x, probs);
+std::tuple<Tensor, Tensor, Tensor, Tensor> moe_swiglu_fp8_backward_cpu(
+    Tensor grad_h, Tensor x, Tensor probs, std::string grad_layout, bool pow2_scales) {
+  const bool quant = check_moe_swiglu_fp8_backward(grad_h, x, probs, grad_layout);
   auto [dx, dp] = swiglu_grads(grad_h, x, &probs);
-  return {dx, dp};
+  if (!quant) return {dx, dp, Tensor(), Tensor()};
+  auto [q, s] = fp8_quantize_rows(aten::to(dx, kFloat), pow2_scales);
+  return {Tensor(), dp, q, s};
 }
 
 }  // namespace

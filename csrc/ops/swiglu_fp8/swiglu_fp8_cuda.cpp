@@ -16,6 +16,7 @@ using Out5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 constexpr int64_t kMaxExperts = 1024;  // the largest E_BLOCK of triton_src/swiglu_fp8.py
 constexpr int64_t kRowTile = 32;       // row tile of the row-wise-only kernels
 constexpr int64_t kDxRows = 4;         // rows per program of the dx kernel (DX_ROWS)
+constexpr int64_t kDxQRows = 8;        // ... and of its row-wise quantizing form (DX_Q_ROWS)
 
 void check_grid_y(const char* op, int64_t n) {
   // Tiles of 128 columns run along the grid's y dimension (at most 65535 on CUDA).
@@ -89,29 +90,44 @@ Out5 moe_swiglu_fp8_cuda(Tensor x, Tensor probs, Tensor tokens_per_expert, std::
   return forward(kMoeSwigluFp8, x, &probs, &tokens_per_expert, want, pow2_scales, return_h);
 }
 
-// dx in x's dtype (and dprobs with probs), one row per program.
-std::pair<Tensor, Tensor> dx_cuda(const char* op, const Tensor& grad_h, const Tensor& x,
-                                  const Tensor* probs) {
+// dx in x's dtype, or (quant) dx quantized row-wise in 1 x 128 blocks (data (M, 2n), scales
+// (2n / 128, M)), and dprobs with probs: (dx, dprobs, data, scales), undefined where not
+// asked for.
+std::tuple<Tensor, Tensor, Tensor, Tensor> dx_cuda(const char* op, const Tensor& grad_h,
+                                                   const Tensor& x, const Tensor* probs,
+                                                   bool quant, bool pow2) {
   const int64_t m = x.size(0), n = x.size(1) / 2;
-  auto dx = aten::empty({m, 2 * n}, x.scalar_type(), x.device());
-  Tensor dp;
-  if (probs) dp = aten::empty({m}, kFloat, x.device());
-  if (m == 0) return {dx, dp};
+  const auto dev = x.device();
+  Tensor dx, dp, q, s;
+  if (quant) {
+    q = aten::empty({m, 2 * n}, kFloat8e4m3, dev);
+    s = aten::empty({2 * n / kFp8Block, m}, kFloat, dev);
+  } else {
+    dx = aten::empty({m, 2 * n}, x.scalar_type(), dev);
+  }
+  if (probs) dp = aten::empty({m}, kFloat, dev);
+  if (m == 0) return {dx, dp, q, s};
   if (n == 0) {
     if (probs) aten::zero_(dp);
-    return {dx, dp};
+    return {dx, dp, q, s};
   }
   check_fp8_gpu(op, x);
   auto xc = aten::contiguous(x), dh = aten::contiguous(grad_h);
   Tensor pc = probs ? aten::contiguous(*probs) : xc;
-  static const auto& fam = runtime::family("swiglu_fp8_dx");
+  static const auto& plain = runtime::family("swiglu_fp8_dx");
+  static const auto& quantized = runtime::family("swiglu_fp8_dx_q");
   // (the dx kernel's aligned variant hints n only, not M)
-  const auto& kern = fam.pick(op, xc, 1, align_flags(16, n, {&xc, &dh, &pc}));
+  const uint32_t flags = align_flags(16, n, {&xc, &dh, &pc});
+  const auto& kern = quant ? quantized.pick(op, xc, kFp8Block, flags)
+                           : plain.pick(op, xc, 1, flags);
+  const Tensor& out = quant ? q : dx;  // a pointer never written when not asked for
   KernelArgs args;
-  args.ptr(dh).ptr(xc).ptr(pc).ptr(dx).ptr(probs ? dp : dx).i64(m).i64(n)
-      .i32(probs ? 1 : 0);
-  runtime::launch(op, kern, x.device(), {ceil_div(m, kDxRows), 1, 1}, args);
-  return {dx, dp};
+  args.ptr(dh).ptr(xc).ptr(pc).ptr(out).ptr(probs ? dp : out).ptr(quant ? q : out)
+      .ptr(quant ? s : out).i64(m).i64(n).i32(probs ? 1 : 0).i32(quant ? 0 : 1)
+      .i32(quant ? 1 : 0).i32(pow2 ? 1 : 0);
+  const int64_t rows = quant ? kDxQRows : kDxRows;
+  runtime::launch(op, kern, dev, {ceil_div(m, rows), 1, 1}, args);
+  return {dx, dp, q, s};
 }
 
 Out5 swiglu_fp8_backward_cuda(Tensor grad_h, Tensor x, std::string grad_layout,
@@ -119,7 +135,8 @@ Out5 swiglu_fp8_backward_cuda(Tensor grad_h, Tensor x, std::string grad_layout,
   constexpr const char* op = kSwigluFp8Backward;
   const auto want = check_swiglu_fp8_backward(grad_h, x, grad_layout);
   if (!want.rowwise && !want.columnwise) {
-    return {dx_cuda(op, grad_h, x, nullptr).first, Tensor(), Tensor(), Tensor(), Tensor()};
+    return {std::get<0>(dx_cuda(op, grad_h, x, nullptr, false, false)), Tensor(), Tensor(),
+            Tensor(), Tensor()};
   }
   const int64_t m = x.size(0), n = x.size(1) / 2, k = 2 * n;
   const auto dev = x.device();
@@ -149,10 +166,10 @@ Out5 swiglu_fp8_backward_cuda(Tensor grad_h, Tensor x, std::string grad_layout,
   return {Tensor(), q, s, qt, st};
 }
 
-std::tuple<Tensor, Tensor> moe_swiglu_fp8_backward_cuda(Tensor grad_h, Tensor x, Tensor probs) {
-  check_moe_swiglu_fp8_backward(grad_h, x, probs);
-  auto [dx, dp] = dx_cuda(kMoeSwigluFp8Backward, grad_h, x, &probs);
-  return {dx, dp};
+std::tuple<Tensor, Tensor, Tensor, Tensor> moe_swiglu_fp8_backward_cuda(
+    Tensor grad_h, Tensor x, Tensor probs, std::string grad_layout, bool pow2_scales) {
+  const bool quant = check_moe_swiglu_fp8_backward(grad_h, x, probs, grad_layout);
+  return dx_cuda(kMoeSwigluFp8Backward, grad_h, x, &probs, quant, pow2_scales);
 }
 
 }  // namespace

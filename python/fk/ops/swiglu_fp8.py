@@ -166,12 +166,22 @@ def moe_swiglu_fp8(x: torch.Tensor, probs: torch.Tensor, tokens_per_expert: torc
     return _select(out, layout, return_h)
 
 
-def moe_swiglu_fp8_backward(grad_h: torch.Tensor, x: torch.Tensor, probs: torch.Tensor):
+def moe_swiglu_fp8_backward(grad_h: torch.Tensor, x: torch.Tensor, probs: torch.Tensor,
+                            grad_layout=None, pow2_scales: bool = False):
     """The backward of ``h = silu(gate) * up * probs[:, None]``: ``(dx, dprobs)``: dx (M, 2n)
     in x's dtype (``grad_h * probs`` through silu(gate) * up as in
     :func:`swiglu_fp8_backward`), dprobs (M,) float32 = ``sum_j grad_h[:, j] * silu(gate) *
-    up`` accumulated in float32. Not differentiable."""
-    return torch.ops.fk.moe_swiglu_fp8_backward(grad_h, x, probs)
+    up`` accumulated in float32. Not differentiable.
+
+    ``grad_layout="rowwise"`` returns ``(data, scales, dprobs)`` instead: dx rounded to x's
+    dtype and quantized in 1 x 128 blocks along 2n in the same kernel (data (M, 2n), scales
+    (2n/128, M); blocks lie within rows, so segments do not matter), for the data-gradient
+    GEMMs of the grouped layer before; n must be a multiple of 128. A column-wise copy per
+    expert segment is not implemented (other grad_layout values raise).
+    """
+    gl = "none" if grad_layout is None else grad_layout
+    dx, dp, q, s = torch.ops.fk.moe_swiglu_fp8_backward(grad_h, x, probs, gl, pow2_scales)
+    return (dx, dp) if grad_layout is None else (q, s, dp)
 
 
 # --- checks and fake kernels (csrc/ops/swiglu_fp8/swiglu_fp8.cpp raises the same) --------
@@ -271,13 +281,30 @@ def _backward_fake(grad_h, x, grad_layout="none", pow2_scales=False):
     return None, q, s, qt, st
 
 
-@torch.library.register_fake("fk::moe_swiglu_fp8_backward")
-def _moe_backward_fake(grad_h, x, probs):
+def check_moe_swiglu_fp8_backward(grad_h, x, probs, grad_layout):
     op = _OPS["moe_bwd"]
     _check_x(op, x)
     _check_grad_h(op, grad_h, x)
     _check_probs(op, probs, x)
-    return x.new_empty(x.shape), probs.new_empty(probs.shape)
+    c.check(grad_layout in ("none", "rowwise"), op,
+            ": grad_layout must be 'none' or 'rowwise' (a column-wise copy per expert segment "
+            "is not implemented), got '", grad_layout, "'")
+    if grad_layout == "none":
+        return False
+    n = x.shape[1] // 2
+    c.check(n % 128 == 0, op, ": a quantized gradient (grad_layout '", grad_layout,
+            "') needs n (x's last dim / 2) to be a multiple of 128, got n = ", n)
+    return True
+
+
+@torch.library.register_fake("fk::moe_swiglu_fp8_backward")
+def _moe_backward_fake(grad_h, x, probs, grad_layout="none", pow2_scales=False):
+    dp = probs.new_empty(probs.shape)
+    if not check_moe_swiglu_fp8_backward(grad_h, x, probs, grad_layout):
+        return x.new_empty(x.shape), dp, None, None
+    m, k = x.shape
+    return (None, dp, x.new_empty((m, k), dtype=torch.float8_e4m3fn),
+            x.new_empty((k // 128, m), dtype=torch.float32))
 
 
 # --- autograd: the gradient enters through h (the fifth output); the quantized copies are
@@ -309,7 +336,7 @@ def _backward_moe(ctx, _gq, _gs, _gqt, _gst, grad_h):
     x, probs = ctx.saved_tensors
     if grad_h is None or not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
         return None, None, None, None, None, None
-    dx, dp = torch.ops.fk.moe_swiglu_fp8_backward(grad_h, x, probs)
+    dx, dp, _, _ = torch.ops.fk.moe_swiglu_fp8_backward(grad_h, x, probs, "none", False)
     return (dx if ctx.needs_input_grad[0] else None, dp if ctx.needs_input_grad[1] else None,
             None, None, None, None)
 
