@@ -165,6 +165,78 @@ def ref_grads(fn, inputs, grad_out):
     return [l.grad if l is not None and l.requires_grad else None for l in leaves]
 
 
+# --- FP8 blockwise quantization (the format of python/fk/ops/fp8_quantize.py), in float64 --
+
+def ref_scales(amax, pow2):
+    """float32 scales of blocks with float64 absolute maxima ``amax`` (NaN read as inf):
+    amax / 448 rounded once to float32 (a float64 quotient of float32 values rounds to the
+    correctly rounded float32 quotient) and at least 2^-126, 1 for 0, up to a power of two
+    when pow2, NaN for inf."""
+    s = (amax / 448.0).float().double().clamp(min=2.0 ** -126)
+    s = torch.where(amax == 0, torch.ones_like(s), s)
+    if pow2:
+        mant, exp = torch.frexp(s)
+        s = torch.where(mant == 0.5, s, torch.ldexp(torch.ones_like(s), exp))
+    return torch.where(amax == math.inf, torch.full_like(s, math.nan), s).float()
+
+
+def ref_reciprocal(s):
+    """1 / s rounded once to float32, as float64 (the float64 quotient of 1 by a float32
+    rounds to the correctly rounded float32 one); x * it in float64 is exact for float32 x,
+    so the float32 cast of the product is the correctly rounded float32 product."""
+    return (1.0 / s.double()).float().double()
+
+
+def ref_quantize_rows(x, pow2):
+    """1 x 128 blocks along the rows of a 2-D x: (q before the float8 cast, as float32;
+    scales (ceil(K / 128), M))."""
+    m, k = x.shape
+    nk = cdiv(k, 128)
+    xp = torch.zeros(m, nk * 128, dtype=torch.float64)
+    xp[:, :k] = x.double()
+    a = xp.abs().reshape(m, nk, 128)
+    amax = torch.where(torch.isnan(a), math.inf, a).amax(dim=2)
+    s = ref_scales(amax, pow2)
+    q = (xp.reshape(m, nk, 128) * ref_reciprocal(s)[:, :, None]).float().clamp(-448, 448)
+    return q.reshape(m, nk * 128)[:, :k], s.t().contiguous()
+
+
+def ref_dequantize(q, s, block):
+    """data * its block scales in float64; block (1, 128) or (128, 128)."""
+    r, c = q.shape
+    if block == (1, 128):
+        full = s.double().t().repeat_interleave(128, dim=1)[:, :c]
+    else:
+        full = s.double().repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)[:r, :c]
+    return q.double() * full
+
+
+def same(out, ref):
+    """Equal values, NaN where the reference has NaN."""
+    torch.testing.assert_close(out.float(), ref.float(), rtol=0, atol=0, equal_nan=True)
+
+
+def assert_quantized_near(data, scales, ref, rel, pow2):
+    """1 x 128 row blocks (data, scales) of a float x that is within ``rel`` (relative, per
+    element) of the float64 ``ref``, where x itself is not known bit for bit (a GPU's fp32
+    math): scales within rel of ref's (within a factor 2 for pow2 scales, whose rounding up
+    may land either side of a power of two) and every element within half an e4m3 ulp of its
+    scaled value (max(|q| 2^-4, 2^-10)) plus rel."""
+    ref = ref.double().cpu()
+    s_ref = ref_quantize_rows(ref, pow2)[1].double()
+    s = scales.double().cpu()
+    ratio = s / s_ref
+    if pow2:
+        assert ((ratio >= 0.5) & (ratio <= 2)).all()
+    else:
+        assert ((ratio - 1).abs() <= rel).all(), (ratio - 1).abs().max()
+    out = ref_dequantize(data.cpu(), scales.cpu(), (1, 128))
+    s_full = s.t().repeat_interleave(128, dim=1)[:, :ref.shape[1]]
+    bound = torch.maximum(ref.abs() * 2.0 ** -4, s_full * 2.0 ** -10) * (1 + rel) + \
+        ref.abs() * rel
+    assert ((out - ref).abs() <= bound).all(), ((out - ref).abs() - bound).max()
+
+
 # --- Triton sources under the interpreter ---------------------------------------------
 
 def load_triton_src(op: str):

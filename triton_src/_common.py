@@ -62,6 +62,33 @@ def aligned_args(signature: dict, flags: int, extra: tuple = ()) -> tuple:
     return ptrs + tuple(extra)
 
 
+# --- FP8 blockwise quantization (the format: python/fk/ops/fp8_quantize.py), shared by
+# fp8_quantize and the ops that fuse it -------------------------------------------------------
+
+FP8_MAX = tl.constexpr(448.0)
+MIN_SCALE = tl.constexpr(1.1754943508222875e-38)  # 2^-126, the smallest normal float32
+
+
+@triton.jit
+def _scale(amax, pow2):
+    """The dequantization scale of blocks of absolute maximum ``amax`` (NaN read as inf)."""
+    s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    s = tl.where(amax == 0.0, 1.0, tl.maximum(s, MIN_SCALE))
+    if pow2 != 0:
+        bits = s.to(tl.int32, bitcast=True)
+        up = (bits + 0x7FFFFF) & -0x800000  # next power of two; inf stays inf
+        s = up.to(tl.float32, bitcast=True)
+    return tl.where(amax == float("inf"), float("nan"), s)
+
+
+@triton.jit
+def _quantize(x, s):
+    """x times the correctly rounded reciprocal of its block's scale s (pass s as one value
+    per block, e.g. s[:, None], so that the reciprocal is taken once a block)."""
+    q = x * tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+    return tl.where(q > FP8_MAX, FP8_MAX, tl.where(q < -FP8_MAX, -FP8_MAX, q))
+
+
 @triton.jit
 def sigmoid_f32(x):
     return 1.0 / (1.0 + tl.exp(-x))

@@ -28,10 +28,8 @@ sm_80 has no FP8 conversions.
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+from _common import DTYPES, FLAG_ALIGNED, Variant, _quantize, _scale, aligned_args
 
-FP8_MAX = tl.constexpr(448.0)
-MIN_SCALE = tl.constexpr(1.1754943508222875e-38)  # 2^-126, the smallest normal float32
 TILE = 128
 # Variant flags: the tile of a form of the op (the kernel takes any TILE_M x TILE_K whose
 # blocks' 128 elements lie in one program: TILE_K = 128 for row-wise 1 x 128 blocks,
@@ -43,26 +41,6 @@ FLAG_WEIGHT = 8  # 128 x 128 blocks
 # benchmarks/tune_fp8_quantize.py on an H100 at 8192 x 4096 bf16 (benchmarks/NOTES.md v14).
 FORMS = ((0, 128, 128, 8), (FLAG_ROWS, 32, 128, 4), (FLAG_COLS, 128, 32, 4),
          (FLAG_WEIGHT, 128, 128, 16))
-
-
-@triton.jit
-def _scale(amax, pow2):
-    """The dequantization scale of blocks of absolute maximum ``amax`` (NaN read as inf)."""
-    s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
-    s = tl.where(amax == 0.0, 1.0, tl.maximum(s, MIN_SCALE))
-    if pow2 != 0:
-        bits = s.to(tl.int32, bitcast=True)
-        up = (bits + 0x7FFFFF) & -0x800000  # next power of two; inf stays inf
-        s = up.to(tl.float32, bitcast=True)
-    return tl.where(amax == float("inf"), float("nan"), s)
-
-
-@triton.jit
-def _quantize(x, s):
-    """x times the correctly rounded reciprocal of its block's scale s (pass s as one value
-    per block, e.g. s[:, None], so that the reciprocal is taken once a block)."""
-    q = x * tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
-    return tl.where(q > FP8_MAX, FP8_MAX, tl.where(q < -FP8_MAX, -FP8_MAX, q))
 
 
 @triton.jit

@@ -487,4 +487,58 @@ inline at::Tensor moe_unpermute(const at::Tensor& permuted, const at::Tensor& ro
   return op.call(permuted, row_id_map, probs);
 }
 
+// silu(gate) * up of x (M, 2n) = [gate | up] (float32 / bfloat16 / float16), in fp32, rounded
+// to x's dtype and quantized in 1 x 128 blocks (fk.swiglu_fp8, python/fk/ops/swiglu_fp8.py):
+// (data (M, n), scales (ceil(n/128), M), data_t (n, M), scales_t (ceil(M/128), n), h (M, n)),
+// the copies layout does not ask for and h without return_h undefined. Not differentiable
+// here; swiglu_fp8_backward is the backward.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> swiglu_fp8(
+    const at::Tensor& x, const std::string& layout = "rowwise", bool pow2_scales = false,
+    bool return_h = false) {
+  static const auto op =
+      detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+          const at::Tensor&, c10::string_view, bool, bool)>("fk::swiglu_fp8");
+  return op.call(x, layout, pow2_scales, return_h);
+}
+
+// dx (M, 2n) of h = silu(gate) * up given grad_h (M, n): grad_layout "none" returns (dx,
+// undefined x 4); "rowwise" / "columnwise" / "both" return (undefined, data (M, 2n), scales
+// (2n/128, M), data_t (2n, M), scales_t (ceil(M/128), 2n)) of dx quantized (n % 128 == 0).
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+swiglu_fp8_backward(const at::Tensor& grad_h, const at::Tensor& x,
+                    const std::string& grad_layout = "none", bool pow2_scales = false) {
+  static const auto op =
+      detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+          const at::Tensor&, const at::Tensor&, c10::string_view, bool)>(
+          "fk::swiglu_fp8_backward");
+  return op.call(grad_h, x, grad_layout, pow2_scales);
+}
+
+// The MoE form of swiglu_fp8: h = silu(gate) * up * probs[:, None] (probs float32 (M,)) over
+// the expert segments of tokens_per_expert ((E,) int32 / int64 on x's device, summing to M);
+// the column-wise copy is quantized per segment, scales_t ((M + 127 E) / 128, n) (the layout:
+// fk.moe_swiglu_fp8's docstring).
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_swiglu_fp8(
+    const at::Tensor& x, const at::Tensor& probs, const at::Tensor& tokens_per_expert,
+    const std::string& layout = "rowwise", bool pow2_scales = false, bool return_h = false) {
+  static const auto op =
+      detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+          const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view, bool,
+          bool)>("fk::moe_swiglu_fp8");
+  return op.call(x, probs, tokens_per_expert, layout, pow2_scales, return_h);
+}
+
+// (dx in x's dtype, dprobs float32, undefined, undefined) of moe_swiglu_fp8's h given grad_h
+// (M, n); grad_layout "rowwise": (undefined, dprobs, data (M, 2n), scales (2n/128, M)) of dx
+// quantized in 1 x 128 blocks (n % 128 == 0).
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_swiglu_fp8_backward(
+    const at::Tensor& grad_h, const at::Tensor& x, const at::Tensor& probs,
+    const std::string& grad_layout = "none", bool pow2_scales = false) {
+  static const auto op =
+      detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+          const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view, bool)>(
+          "fk::moe_swiglu_fp8_backward");
+  return op.call(grad_h, x, probs, grad_layout, pow2_scales);
+}
+
 }  // namespace fk

@@ -39,6 +39,8 @@ from .ops.rope import rope, rope_  # noqa: E402
 from .ops.softmax import softmax  # noqa: E402
 from .ops.sparsemax import sparsemax  # noqa: E402
 from .ops.swiglu import swiglu  # noqa: E402
+from .ops.swiglu_fp8 import (  # noqa: E402
+    moe_swiglu_fp8, moe_swiglu_fp8_backward, swiglu_fp8, swiglu_fp8_backward)
 from .ops.swiglu_linear import swiglu_linear  # noqa: E402
 from .ops.tvd import tvd  # noqa: E402
 from .ops.vocab_parallel_cross_entropy import (  # noqa: E402
@@ -53,14 +55,14 @@ __version__ = "0.1.0"
 cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
 __all__ = ["CrossEntropyOutput", "cross_entropy", "dyt", "fp8_dequantize", "fp8_linear",
-           "fp8_quantize",
-           "fused_add_rms_norm",
-           "fused_linear_cross_entropy", "fused_linear_jsd", "geglu", "group_norm", "jsd",
-           "kl_div", "layer_norm", "llama4_rope", "moe_permute", "moe_unpermute",
-           "neighborhood_attention", "poly_norm", "qwen2vl_mrope", "rms_norm",
-           "rope", "rope_", "softmax", "sparsemax", "swiglu", "swiglu_linear", "tvd",
-           "vocab_parallel_cross_entropy", "vocab_parallel_fused_linear_cross_entropy",
-           "nn", "build_info", "cmake_prefix_path"]
+           "fp8_quantize", "fused_add_rms_norm", "fused_linear_cross_entropy",
+           "fused_linear_jsd", "geglu", "group_norm", "jsd", "kl_div", "layer_norm",
+           "llama4_rope", "moe_permute", "moe_swiglu_fp8", "moe_swiglu_fp8_backward",
+           "moe_unpermute", "neighborhood_attention", "poly_norm", "qwen2vl_mrope",
+           "rms_norm", "rope", "rope_", "softmax", "sparsemax", "swiglu", "swiglu_fp8",
+           "swiglu_fp8_backward", "swiglu_linear", "tvd", "vocab_parallel_cross_entropy",
+           "vocab_parallel_fused_linear_cross_entropy", "build_info",
+           "cmake_prefix_path", "nn"]
 
 
 def __getattr__(name):

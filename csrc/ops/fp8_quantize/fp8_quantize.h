@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "runtime/tensor.h"
 
@@ -15,6 +16,9 @@ struct Fp8Layout {
   bool rowwise, columnwise;
 };
 
+// layout "rowwise", "columnwise" or "both" (else an error naming `op`): the copies to write.
+Fp8Layout parse_fp8_layout(const char* op, const std::string& layout);
+
 // Shared by every backend: x 2-D float32 / bfloat16 / float16, block_rows 1 or 128, layout
 // "rowwise", "columnwise" or "both". Returns the copies to write.
 Fp8Layout check_fp8_quantize(const Tensor& x, int64_t block_rows, const std::string& layout);
@@ -23,5 +27,13 @@ Fp8Layout check_fp8_quantize(const Tensor& x, int64_t block_rows, const std::str
 // data's device; dtype float32 / bfloat16 / float16.
 void check_fp8_dequantize(const Tensor& data, const Tensor& scales, int64_t block_rows,
                           ScalarType dtype);
+
+// CUDA: raises, naming `op`, unless x's GPU runs the sm_90+ cubins (the FP8 kernels are
+// built for sm_90 and newer; 8.x GPUs run the sm_80 cubins, which have no FP8 conversions).
+void check_fp8_gpu(const char* op, const Tensor& x);
+
+// The CPU reference of 1 x 128 blocks along the rows of a 2-D float32 x (r, c) (ATen
+// operators, any device): (data (r, c) float8_e4m3fn, scales (ceil(c / 128), r)).
+std::pair<Tensor, Tensor> fp8_quantize_rows(const Tensor& x, bool pow2);
 
 }  // namespace fk::ops

@@ -47,15 +47,6 @@ Tensor padded(const Tensor& x, int64_t rp, int64_t cp) {
   return out;
 }
 
-// 1 x 128 blocks along the rows of x (r, c): (data (r, c), scales (ceil(c / 128), r)).
-std::pair<Tensor, Tensor> quantize_rows(const Tensor& x, bool pow2) {
-  const int64_t r = x.size(0), c = x.size(1), nc = ceil_div(c, kFp8Block);
-  auto xb = aten::reshape(padded(x, r, nc * kFp8Block), {r, nc, kFp8Block});
-  auto s = block_scales(aten::amax(abs_nan_inf(xb), {2}), pow2);  // (r, nc)
-  auto q = aten::reshape(to_fp8(xb, aten::unsqueeze(s, 2)), {r, nc * kFp8Block});
-  return {aten::contiguous(aten::narrow(q, 1, 0, c)), aten::contiguous(aten::t(s))};
-}
-
 // 128 x 128 blocks: (data (r, c), scales (ceil(r / 128), ceil(c / 128))).
 std::pair<Tensor, Tensor> quantize_tiles(const Tensor& x, bool pow2) {
   const int64_t r = x.size(0), c = x.size(1);
@@ -75,9 +66,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cpu(Tensor x, int64_t bl
   auto xf = aten::to(x, kFloat);
   Tensor q, s, qt, st;
   if (block_rows == 1) {
-    if (want.rowwise) std::tie(q, s) = quantize_rows(xf, pow2_scales);
+    if (want.rowwise) std::tie(q, s) = fp8_quantize_rows(xf, pow2_scales);
     if (want.columnwise) {
-      std::tie(qt, st) = quantize_rows(aten::contiguous(aten::t(xf)), pow2_scales);
+      std::tie(qt, st) = fp8_quantize_rows(aten::contiguous(aten::t(xf)), pow2_scales);
     }
   } else {
     std::tie(q, s) = quantize_tiles(xf, pow2_scales);
@@ -93,6 +84,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cpu(Tensor x, int64_t bl
 }
 
 }  // namespace
+
+// Declared in fp8_quantize.h (shared with the ops that fuse quantization).
+std::pair<Tensor, Tensor> fp8_quantize_rows(const Tensor& x, bool pow2) {
+  const int64_t r = x.size(0), c = x.size(1), nc = ceil_div(c, kFp8Block);
+  auto xb = aten::reshape(padded(x, r, nc * kFp8Block), {r, nc, kFp8Block});
+  auto s = block_scales(aten::amax(abs_nan_inf(xb), {2}), pow2);  // (r, nc)
+  auto q = aten::reshape(to_fp8(xb, aten::unsqueeze(s, 2)), {r, nc * kFp8Block});
+  return {aten::contiguous(aten::narrow(q, 1, 0, c)), aten::contiguous(aten::t(s))};
+}
+
 }  // namespace fk::ops
 
 STABLE_TORCH_LIBRARY_IMPL(fk, CPU, m) {

@@ -19,15 +19,6 @@ struct Form {
 constexpr Form kBoth{0, 128, 128}, kRows{2, 32, 128}, kCols{4, 128, 32}, kWeight{8, 128, 128};
 using runtime::KernelArgs;
 
-// FP8 kernels are built for sm_90 and newer: 8.x GPUs run the sm_80 cubins, which have no
-// FP8 conversions.
-void check_fp8_gpu(const char* op, const Tensor& x) {
-  const int cap = runtime::device_capability(x.device().index());
-  FK_CHECK(runtime::arch_for_capability(cap / 10, cap % 10) >= 90, op,
-           ": float8_e4m3fn kernels need a GPU of compute capability 9.0 or newer, got ",
-           cap / 10, ".", cap % 10, " on ", x.device());
-}
-
 std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cuda(Tensor x, int64_t block_rows,
                                                             std::string layout,
                                                             bool pow2_scales) {
@@ -76,6 +67,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cuda(Tensor x, int64_t b
 }
 
 }  // namespace
+
+void check_fp8_gpu(const char* op, const Tensor& x) {
+  const int cap = runtime::device_capability(x.device().index());
+  FK_CHECK(runtime::arch_for_capability(cap / 10, cap % 10) >= 90, op,
+           ": float8_e4m3fn kernels need a GPU of compute capability 9.0 or newer, got ",
+           cap / 10, ".", cap % 10, " on ", x.device());
+}
+
 }  // namespace fk::ops
 
 STABLE_TORCH_LIBRARY_IMPL(fk, CUDA, m) {

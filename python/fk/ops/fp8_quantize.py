@@ -114,6 +114,11 @@ def check_fp8_quantize(x, block_rows, layout):
     c.check(x.dtype in _FLOATS, op, ": x has dtype ", c.dtype_name(x.dtype),
             ", which is not supported (supported: float32, bfloat16, float16)")
     _check_block(op, block_rows)
+    return check_layout(op, layout)
+
+
+def check_layout(op, layout):
+    """csrc/ops/fp8_quantize parse_fp8_layout: (rowwise, columnwise) copies to write."""
     c.check(layout in _LAYOUTS, op, ": layout must be 'rowwise', 'columnwise' or 'both', got '",
             layout, "'")
     return layout != "columnwise", layout != "rowwise"

@@ -1,0 +1,237 @@
+"""SwiGLU with an FP8 output (the format: python/fk/ops/fp8_quantize.py), plain and per
+expert segment (MoE), and its backward with an optionally quantized input gradient.
+
+x is (M, 2n) contiguous: row r holds gate[r, :n] then up[r, :n]. h = silu(gate) * up (times
+the row's probability p[r] in the MoE form) is computed in fp32 and rounded once to x's
+dtype; the quantized copies are the blockwise quantization of that rounded h.
+
+swiglu_fp8_fwd_kernel: one program per tile of TILE_M rows x 128 columns of h, reading its
+    gate and up tiles once. It writes the row-wise copy q (M, n) with scales s
+    (cdiv(n, 128), M) (``want_row``), the column-wise copy qt (n, M) with scales st (rows of
+    128-row blocks, n) (``want_col``, TILE_M = 128) and h itself (``want_h``). With E == 0
+    the tiles are consecutive blocks of TILE_M rows. With E > 0 (the MoE form) tile rb is
+    the rb-th 128-row block counting expert segment by segment: the segments are the E
+    token counts tpe (int64) in order, segment e's blocks are st's rows blk_e ..
+    blk_e + cdiv(M_e, 128) - 1 with blk_e = sum_{f<e} cdiv(M_f, 128), its last block is
+    partial; programs past the last block see no rows (their scales read 1.0). The counts
+    are read on the device (each program sums them itself: no host sync); negative counts
+    read as 0 and rows past M are never touched.
+swiglu_fp8_bwd_q_kernel: the input gradient dx (M, 2n) of h = silu(gate) * up given dh
+    (M, n), rounded to x's dtype and quantized in 1 x 128 blocks along 2n (q (M, 2n), s
+    (2n / 128, M)) and / or as its transposed copy (qt (2n, M), st (cdiv(M, 128), 2n)). One
+    program per TILE_M x 128 tile of dh writes the tile of the gate half and the tile of the
+    up half; n must be a multiple of 128 (the C++ launcher checks), so that both are whole
+    columns of blocks.
+swiglu_fp8_dx_kernel: dx of h = silu(gate) * up * p (p = 1 without ``has_p``), ROWS rows per
+    program in chunks of BLOCK_N columns, stored in x's dtype (``want_dx``) and / or rounded to
+    it and quantized in 1 x 128 blocks along 2n (``want_q``: q (M, 2n), s (2n / 128, M);
+    BLOCK_N = 128 and n a multiple of 128), and dp[r] = sum_j dh[r, j] * silu(gate[r, j]) *
+    up[r, j] (fp32) with ``has_p``.
+
+silu' = s + silu * (1 - s) with s = sigmoid(gate), as fk.swiglu's backward. Offsets are
+int64. Masked elements of partial tiles read as 0 and are not stored. Built for sm_90 and
+newer only (as fp8_quantize: sm_80 has no FP8 conversions).
+"""
+import triton
+import triton.language as tl
+
+from _common import DTYPES, FLAG_ALIGNED, Variant, _quantize, _scale, aligned_args
+
+TILE = 128
+
+
+@triton.jit
+def _segment_rows(tpe_ptr, rb, M, E, E_BLOCK: tl.constexpr):
+    """(first row, end row) of the rb-th 128-row block counted segment by segment."""
+    ei = tl.arange(0, E_BLOCK)
+    counts = tl.maximum(tl.load(tpe_ptr + ei, mask=ei < E, other=0), 0)
+    nblk = (counts + 127) // 128
+    e = tl.sum((tl.cumsum(nblk, 0) <= rb).to(tl.int32), 0)  # the segment holding block rb
+    before = ei < e
+    start = tl.sum(tl.where(before, counts, 0), 0)
+    blk0 = tl.sum(tl.where(before, nblk, 0), 0)
+    count = tl.sum(tl.where(ei == e, counts, 0), 0)
+    return start + (rb - blk0) * 128, tl.minimum(start + count, M)
+
+
+@triton.jit
+def _store_fp8(v, rows, cols, rmask, cmask, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, sb_row, sb_col,
+               want_row, want_col, pow2):
+    """Quantizes the fp32 tile v of an (M, K) matrix at (rows, cols): its rows are 1 x 128
+    blocks of the row-wise copy (scales in row sb_row of s (.., M)), its columns blocks of
+    the column-wise copy (K, M) (scales in row sb_col of st (.., K))."""
+    a = tl.abs(v)
+    a = tl.where(a == a, a, float("inf"))  # a NaN counts as inf: the block's scale is NaN
+    if want_row != 0:
+        s_r = _scale(tl.max(a, axis=1), pow2)
+        q = _quantize(v, s_r[:, None])
+        tl.store(q_ptr + rows[:, None] * K + cols[None, :], q.to(q_ptr.dtype.element_ty),
+                 mask=rmask[:, None] & cmask[None, :])
+        tl.store(s_ptr + sb_row * M + rows, s_r, mask=rmask)
+    if want_col != 0:
+        s_c = _scale(tl.max(a, axis=0), pow2)
+        qt = _quantize(v, s_c[None, :])
+        tl.store(qt_ptr + cols[:, None] * M + rows[None, :],
+                 tl.trans(qt).to(qt_ptr.dtype.element_ty), mask=cmask[:, None] & rmask[None, :])
+        tl.store(st_ptr + sb_col * K + cols, s_c, mask=cmask)
+
+
+@triton.jit
+def swiglu_fp8_fwd_kernel(x_ptr, p_ptr, tpe_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, h_ptr, M, n, E,
+                          has_p, want_row, want_col, want_h, pow2, TILE_M: tl.constexpr,
+                          TILE_N: tl.constexpr, E_BLOCK: tl.constexpr):
+    rb = tl.program_id(0)
+    cb = tl.program_id(1)
+    if E > 0:
+        row0, end = _segment_rows(tpe_ptr, rb, M, E, E_BLOCK)
+    else:
+        row0 = rb.to(tl.int64) * TILE_M
+        end = M
+    rows = row0 + tl.arange(0, TILE_M)
+    cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)
+    rmask = rows < end
+    cmask = cols < n
+    mask = rmask[:, None] & cmask[None, :]
+    x_offs = rows[:, None] * (2 * n) + cols[None, :]
+    g = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + x_offs + n, mask=mask, other=0.0).to(tl.float32)
+    h = g * tl.sigmoid(g) * u
+    if has_p != 0:
+        p = tl.load(p_ptr + rows, mask=rmask, other=0.0)
+        h = h * p[:, None]
+    h = h.to(h_ptr.dtype.element_ty)
+    if want_h != 0:
+        tl.store(h_ptr + rows[:, None] * n + cols[None, :], h, mask=mask)
+    _store_fp8(h.to(tl.float32), rows, cols, rmask, cmask, q_ptr, s_ptr, qt_ptr, st_ptr, M, n,
+               cb, rb, want_row, want_col, pow2)
+
+
+@triton.jit
+def _swiglu_grads(dh, g, u):
+    """(d gate, d up) of silu(g) * u given dh, fp32."""
+    sg = tl.sigmoid(g)
+    silu = g * sg
+    return dh * u * (sg + silu * (1.0 - sg)), dh * silu
+
+
+@triton.jit
+def swiglu_fp8_bwd_q_kernel(dh_ptr, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, n, want_row,
+                            want_col, pow2, TILE_M: tl.constexpr, TILE_N: tl.constexpr):
+    dtype = x_ptr.dtype.element_ty
+    rb = tl.program_id(0)
+    cb = tl.program_id(1)
+    rows = rb.to(tl.int64) * TILE_M + tl.arange(0, TILE_M)
+    cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)
+    rmask = rows < M
+    cmask = cols < n
+    mask = rmask[:, None] & cmask[None, :]
+    x_offs = rows[:, None] * (2 * n) + cols[None, :]
+    dh = tl.load(dh_ptr + rows[:, None] * n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + x_offs + n, mask=mask, other=0.0).to(tl.float32)
+    dg, du = _swiglu_grads(dh, g, u)
+    dg = dg.to(dtype).to(tl.float32)
+    du = du.to(dtype).to(tl.float32)
+    K = 2 * n
+    nb = n // TILE_N  # column blocks of one half
+    _store_fp8(dg, rows, cols, rmask, cmask, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, cb, rb,
+               want_row, want_col, pow2)
+    _store_fp8(du, rows, cols + n, rmask, cmask, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, nb + cb, rb,
+               want_row, want_col, pow2)
+
+
+@triton.jit
+def swiglu_fp8_dx_kernel(dh_ptr, x_ptr, p_ptr, dx_ptr, dp_ptr, q_ptr, s_ptr, M, n, has_p,
+                         want_dx, want_q, pow2, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    dtype = x_ptr.dtype.element_ty
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < M
+    p = tl.load(p_ptr + rows, mask=rmask & (has_p != 0), other=1.0)
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    for start in range(0, n, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        cmask = cols < n
+        mask = rmask[:, None] & cmask[None, :]
+        x_offs = rows[:, None] * (2 * n) + cols[None, :]
+        dh = tl.load(dh_ptr + rows[:, None] * n + cols[None, :], mask=mask,
+                     other=0.0).to(tl.float32)
+        g = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + x_offs + n, mask=mask, other=0.0).to(tl.float32)
+        dg, du = _swiglu_grads(dh * p[:, None], g, u)
+        if want_dx != 0:
+            tl.store(dx_ptr + x_offs, dg.to(dtype), mask=mask)
+            tl.store(dx_ptr + x_offs + n, du.to(dtype), mask=mask)
+        if want_q != 0:  # BLOCK_N == 128 and n % 128 == 0: each chunk is one block of a row
+            blk = start // BLOCK_N
+            _store_fp8(dg.to(dtype).to(tl.float32), rows, cols, rmask, cmask, q_ptr, s_ptr,
+                       q_ptr, s_ptr, M, 2 * n, blk, 0, 1, 0, pow2)
+            _store_fp8(du.to(dtype).to(tl.float32), rows, cols + n, rmask, cmask, q_ptr, s_ptr,
+                       q_ptr, s_ptr, M, 2 * n, n // BLOCK_N + blk, 0, 1, 0, pow2)
+        if has_p != 0:
+            acc += dh * (g * tl.sigmoid(g)) * u
+    tl.store(dp_ptr + rows, tl.sum(acc, axis=1), mask=rmask & (has_p != 0))
+
+
+_FP8 = {"q_ptr": "*fp8e4nv", "qt_ptr": "*fp8e4nv", "s_ptr": "*fp32", "st_ptr": "*fp32"}
+_FWD = ("x_ptr", "p_ptr", "tpe_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "h_ptr", "M", "n",
+        "E", "has_p", "want_row", "want_col", "want_h", "pow2")
+_BWD_Q = ("dh_ptr", "x_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "M", "n", "want_row",
+          "want_col", "pow2")
+_DX = ("dh_ptr", "x_ptr", "p_ptr", "dx_ptr", "dp_ptr", "q_ptr", "s_ptr", "M", "n", "has_p",
+       "want_dx", "want_q", "pow2")
+_TYPES = {**_FP8, "p_ptr": "*fp32", "dp_ptr": "*fp32", "tpe_ptr": "*i64", "M": "i64",
+          "n": "i64", "E": "i64"}
+# Row tiles: 32 rows where only the row-wise copy is written, 128 for the column-wise one.
+TILES_M = (32, 128)
+# MoE form with the column-wise copy: experts per program's scan (the smallest >= E).
+E_BLOCKS = (64, 256, 1024)
+# dx kernel: tiles of DX_ROWS rows x DX_BLOCK columns (16 bytes per thread and load for 2-byte
+# types with 4 warps), looped over n; the variant quantizing dx row-wise ("swiglu_fp8_dx_q")
+# takes chunks of one block, 128 columns, over 8 rows.
+DX_ROWS = 4
+DX_BLOCK = 256
+DX_Q_ROWS = 8
+
+
+def _sig(args, dt, constexprs):
+    sig = {a: _TYPES.get(a, "i32" if a.startswith(("has_", "want_", "pow2"))
+                         else f"*{dt}") for a in args}
+    sig.update({c: "constexpr" for c in constexprs})
+    return sig
+
+
+def variants(arch: int) -> list:
+    if arch < 89:  # no FP8 conversions before sm_89 (the sm_80 cubins serve all of 8.x)
+        return []
+    out = []
+    for dt in DTYPES:
+        fwd = _sig(_FWD, dt, ("TILE_M", "TILE_N", "E_BLOCK"))
+        bwd_q = _sig(_BWD_Q, dt, ("TILE_M", "TILE_N"))
+        dx = _sig(_DX, dt, ("ROWS", "BLOCK_N"))
+        # FLAG_ALIGNED: M and n multiples of 16 and x 16-byte aligned (wide loads and stores).
+        for flags in (0, FLAG_ALIGNED):
+            mn = aligned_args(fwd, flags, ("M", "n"))
+            for tile in TILES_M:
+                out.append(Variant(family="swiglu_fp8_fwd", kernel="swiglu_fp8_fwd_kernel",
+                                   dtype=dt, block=tile, signature=fwd,
+                                   constexprs={"TILE_M": tile, "TILE_N": TILE, "E_BLOCK": 16},
+                                   num_warps=8 if tile == TILE else 4, flags=flags,
+                                   divisible_by_16=mn))
+                out.append(Variant(family="swiglu_fp8_bwd_q", kernel="swiglu_fp8_bwd_q_kernel",
+                                   dtype=dt, block=tile, signature=bwd_q,
+                                   constexprs={"TILE_M": tile, "TILE_N": TILE},
+                                   num_warps=8 if tile == TILE else 4, flags=flags,
+                                   divisible_by_16=aligned_args(bwd_q, flags, ("M", "n"))))
+            for eb in E_BLOCKS:
+                out.append(Variant(family="moe_swiglu_fp8_fwd", kernel="swiglu_fp8_fwd_kernel",
+                                   dtype=dt, block=eb, signature=fwd,
+                                   constexprs={"TILE_M": TILE, "TILE_N": TILE, "E_BLOCK": eb},
+                                   num_warps=8, flags=flags, divisible_by_16=mn))
+            for fam, rows, block in (("swiglu_fp8_dx", DX_ROWS, DX_BLOCK),
+                                     ("swiglu_fp8_dx_q", DX_Q_ROWS, TILE)):
+                out.append(Variant(family=fam, kernel="swiglu_fp8_dx_kernel", dtype=dt,
+                                   block=block, signature=dx,
+                                   constexprs={"ROWS": rows, "BLOCK_N": block},
+                                   num_warps=4, flags=flags,
+                                   divisible_by_16=aligned_args(dx, flags, ("n",))))
+    return out
