@@ -28,8 +28,8 @@ from .ops.group_norm import group_norm  # noqa: E402
 from .ops.jsd import jsd  # noqa: E402
 from .ops.kl_div import kl_div  # noqa: E402
 from .ops.layer_norm import layer_norm  # noqa: E402
-from .ops.multi_tensor_norm import multi_tensor_count_zeros, multi_tensor_norm  # noqa: E402
 from .ops.llama4_rope import llama4_rope  # noqa: E402
+from .ops.multi_tensor_norm import multi_tensor_count_zeros, multi_tensor_norm  # noqa: E402
 from .ops.neighborhood_attention import neighborhood_attention  # noqa: E402
 from .ops.poly_norm import poly_norm  # noqa: E402
 from .ops.qwen2vl_mrope import qwen2vl_mrope  # noqa: E402
@@ -57,7 +57,8 @@ __all__ = ["CrossEntropyOutput", "cross_entropy", "dyt", "fp8_dequantize", "fp8_
            "fused_linear_cross_entropy", "fused_linear_jsd", "geglu", "group_norm", "jsd",
            "kl_div", "layer_norm", "llama4_rope", "multi_tensor_count_zeros", "multi_tensor_norm",
            "neighborhood_attention", "poly_norm", "qwen2vl_mrope", "rms_norm",
-           "rope", "rope_", "router_logits", "softmax", "sparsemax", "swiglu", "swiglu_linear", "tvd",
+           "rope", "rope_", "router_logits", "softmax", "sparsemax", "swiglu", "swiglu_linear",
+           "tvd",
            "vocab_parallel_cross_entropy", "vocab_parallel_fused_linear_cross_entropy",
            "nn", "build_info", "cmake_prefix_path"]
 
