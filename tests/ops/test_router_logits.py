@@ -25,7 +25,7 @@ def ref_backward(g, x, w, weight_grad_dtype=None):
     x64 = x.detach().double().reshape(-1, x.shape[-1])
     dx = (g64 @ w.detach().double()).reshape(x.shape)
     dw = g64.T @ x64
-    wdt = weight_grad_dtype or (torch.float64 if w.dtype == torch.float64 else torch.float32)
+    wdt = weight_grad_dtype or w.dtype
     return dx.to(x.dtype), dw.to(wdt)
 
 
@@ -75,7 +75,7 @@ def test_interpreter_three_products(dtype, t, e, h):
     dx = torch.full((t, h), float("nan"), dtype=dtype)
     mod.router_gemm_kernel[(cdiv(t, 16) * cdiv(h, 16), 1)](g, w, dx, t, h, e, e, h, h, e,
                                                            A_T=0, B_T=0, **cx)
-    dxr, dwr = ref_backward(g, x, w)
+    dxr, dwr = ref_backward(g, x, w, torch.float32)
     # The interpreter rounds bfloat16 toward zero: up to twice the nearest rounding's error.
     assert_close(dx, dxr, dtype, factor=2, what="dx")
     for splits, kps in ((1, t), (3, 16)):
@@ -143,16 +143,16 @@ def test_cpu_forward_backward(dtype, lead, e, h):
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
 def test_cpu_weight_grad_dtype(dtype):
-    """The backward op returns grad_W in float32 by default, in the weight's dtype when asked
-    (rounded once); through autograd the weight's .grad has its dtype either way (torch
+    """The backward op returns grad_W in the weight's dtype by default (rounded once), in
+    float32 when asked; through autograd the weight's .grad has its dtype either way (torch
     casts), the same values."""
     x, w = _inputs(6, 12, 20, dtype, seed=1)
     g = randn(6, 12, seed=2)
-    for wgd, want in ((None, torch.float32), (torch.float32, torch.float32), (dtype, dtype)):
+    for wgd, want in ((None, dtype), (torch.float32, torch.float32), (dtype, dtype)):
         dx, dw = torch.ops.fk._router_logits_backward(g, x, w, [True, True], wgd)
         _check_grads(x, w, g, dx, dw, want)
     grads = []
-    for wgd in (None, dtype):
+    for wgd in (None, torch.float32):
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
         fk.router_logits(xg, wg, weight_grad_dtype=wgd).backward(g)
         _check_grads(x, w, g, xg.grad, wg.grad)
@@ -271,7 +271,9 @@ def test_meta_shapes():
     dx, dw = torch.ops.fk._router_logits_backward(g, x, w, [True, True], torch.bfloat16)
     assert dx.shape == x.shape and dx.dtype == torch.bfloat16 and dw.dtype == torch.bfloat16
     dx, dw = torch.ops.fk._router_logits_backward(g, x, w, [False, True])
-    assert dx is None and dw.dtype == torch.float32
+    assert dx is None and dw.dtype == torch.bfloat16
+    _, dw = torch.ops.fk._router_logits_backward(g, x, w, [False, True], torch.float32)
+    assert dw.dtype == torch.float32
 
 
 # --- level 3: autograd, opcheck, torch.compile, TorchScript ----------------------------
@@ -374,7 +376,8 @@ def test_cuda_weight_grad_dtype_and_frozen(dtype):
     g = randn(300, 64, device="cuda", seed=4)
     fk.router_logits(x, w, weight_grad_dtype=dtype).backward(g)
     _check_grads(x, w, g, x.grad, w.grad)
-    dx, dw = torch.ops.fk._router_logits_backward(g, x.detach(), w.detach(), [True, True])
+    dx, dw = torch.ops.fk._router_logits_backward(g, x.detach(), w.detach(), [True, True],
+                                                  torch.float32)
     _check_grads(x, w, g, dx, dw, torch.float32, factor=3)
     x.grad = w.grad = None
     w.requires_grad_(False)

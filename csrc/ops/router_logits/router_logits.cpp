@@ -12,7 +12,7 @@ constexpr const char* kOp = "fk::router_logits";
 
 ScalarType router_weight_grad_dtype(const Tensor& weight,
                                     const std::optional<ScalarType>& weight_grad_dtype) {
-  return weight_grad_dtype.has_value() ? *weight_grad_dtype : checks::acc_type(weight);
+  return weight_grad_dtype.has_value() ? *weight_grad_dtype : weight.scalar_type();
 }
 
 void check_router_logits(const Tensor& x, const Tensor& weight,
@@ -51,7 +51,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(fk, m) {
   // x (..., H) @ weight^T with weight (E, H) (nn.Linear's layout, no bias): logits
   // (..., E) in float32 (float64 for float64 inputs on CPU), fp32 accumulation; x and
   // weight of one dtype (float32, bfloat16, float16). weight_grad_dtype: the dtype of the
-  // weight's gradient, float32 (None) or the weight's dtype.
+  // weight's gradient, the weight's (None) or float32.
   m.def("router_logits(Tensor x, Tensor weight, ScalarType? weight_grad_dtype=None) -> Tensor");
   // (grad_x, grad_weight) = (grad_logits @ weight in x's dtype, grad_logits^T @ x in
   // weight_grad_dtype), each when output_mask says so (else undefined); grad_logits float32.

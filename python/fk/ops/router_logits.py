@@ -23,13 +23,14 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor,
             two) and any ``H``; on CUDA the fast (16-byte load) kernels need ``H`` and
             ``E`` multiples of 16 and 16-byte aligned tensors, other shapes run masked
             kernels of the same tiles.
-        weight_grad_dtype: dtype in which the backward op (``torch.ops.fk.
-            _router_logits_backward``) returns the weight's gradient: ``None`` or
-            ``torch.float32`` (float32; float64 for float64 inputs), or ``weight.dtype``
-            (the float32 product rounded once). Through autograd ``weight.grad`` has the
-            weight's dtype either way (torch's engine casts every gradient to its input's
-            dtype), with the same values; the float32 form is for callers of the backward
-            op that accumulate into a float32 main gradient (Megatron's ``main_grad``).
+        weight_grad_dtype: dtype of the weight's gradient: ``None`` (the weight's dtype,
+            the float32 product rounded once, as torch's autograd casts every gradient to
+            its input's dtype) or ``torch.float32``: then the backward op
+            (``torch.ops.fk._router_logits_backward``) returns it unrounded, for callers
+            that accumulate into a float32 main gradient (Megatron's ``main_grad``) and
+            under torch.compile, where a float32 weight cast to 16 bits inside the graph
+            (autocast) receives it as is; on a 16-bit leaf weight, autograd's cast still
+            rounds ``weight.grad`` to the weight's dtype.
 
     Returns:
         ``(..., E)`` float32 logits (float64 for float64 inputs), contiguous.
@@ -48,6 +49,8 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor,
 
 @torch.jit.unused
 def _eager_router_logits(x, weight, weight_grad_dtype: Optional[torch.dtype]):
+    if torch._C._is_any_autocast_enabled():  # the operator carries the autocast rule
+        return torch.ops.fk.router_logits(x, weight, weight_grad_dtype)
     return _router_logits_eager(x, weight, weight_grad_dtype)
 
 
@@ -82,7 +85,7 @@ def check_router_logits_backward(grad_logits, x, weight, weight_grad_dtype):
 
 
 def _weight_grad_dtype(weight, weight_grad_dtype):
-    return weight_grad_dtype if weight_grad_dtype is not None else c.acc_dtype(weight)
+    return weight_grad_dtype if weight_grad_dtype is not None else weight.dtype
 
 
 @torch.library.register_fake("fk::router_logits")
