@@ -15,6 +15,11 @@ tokens, hidden 2048, 256 experts (8.6 GFLOP per product). Providers:
   cublas bf16        x @ w.t() in bf16 out: the bf16 GEMM rate this shape allows (the
                      ceiling of the "of bf16 GEMM" column)
 
+Then the routing after it, fk.router_topk (k = --topk, softmax after top-k and sigmoid with
+an expert bias) against the same in torch eager (topk, softmax / sigmoid, scatter into the
+dense (tokens, experts) probs and map, as Megatron's topk_softmax_with_capacity), forward +
+backward from the float32 logits.
+
 Modes: forward; forward + backward (dx in bf16, dweight in float32, from a float32
 grad_logits). The backward of "torch fp32 copies" is autograd's (two fp32 GEMMs and the cast
 back of dx); "torch out_dtype" has no backward with mixed dtypes and is timed forward only.
@@ -42,6 +47,7 @@ def main():
     p.add_argument("--warmup", type=float, default=25.0)
     p.add_argument("--rep", type=float, default=200.0)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--topk", type=int, default=8)
     p.add_argument("--copy-bw", type=float, default=None, help="B/s (default: measured)")
     args = p.parse_args()
     import fk
@@ -90,6 +96,55 @@ def main():
                   f"{v / ms['fk']:>8.2f}")
         for line in H.rounds_note(times):
             print("  " + line)
+
+    routing(args, device, copy_bw)
+
+
+def torch_topk(logits, k, score, bias=None):
+    """Megatron's topk_softmax_with_capacity without capacity, in torch eager."""
+    if score == "sigmoid":
+        s = torch.sigmoid(logits)
+        _, idx = torch.topk(s + bias, k, dim=-1)
+        top = torch.gather(s, 1, idx)
+        top = top / (top.sum(-1, keepdim=True) + 1e-20)
+    else:
+        vals, idx = torch.topk(logits, k, dim=-1)
+        top = torch.softmax(vals, dim=-1, dtype=torch.float32)
+    probs = torch.zeros_like(logits).scatter(1, idx, top)
+    rmap = torch.zeros_like(logits, dtype=torch.bool).scatter(1, idx, True)
+    return probs, rmap
+
+
+def routing(args, device, copy_bw):
+    import fk
+    t, e, k = args.tokens, args.experts, args.topk
+    g = torch.Generator(device=device).manual_seed(1)
+    logits = torch.randn(t, e, device=device, generator=g).requires_grad_()
+    bias = torch.randn(e, device=device, generator=g) * 0.1
+    grad = torch.randn(t, e, device=device, generator=g)
+    # bytes: logits read, probs and map written (forward); grad, logits, map read, grad of
+    # the logits written (backward)
+    nbytes = {"forward": t * e * (4 + 4 + 1), "full": t * e * (4 + 4 + 1 + 4 + 4 + 1 + 4)}
+    for score in ("softmax", "sigmoid"):
+        b = bias if score == "sigmoid" else None
+        pf, mf = fk.router_topk(logits.detach(), k, score, expert_bias=b)
+        pt, mt = torch_topk(logits.detach(), k, score, b)
+        assert torch.equal(mf, mt) and torch.allclose(pf, pt, atol=1e-6)
+        fns = {"forward": {
+            "fk": lambda: fk.router_topk(logits.detach(), k, score, expert_bias=b),
+            "torch": lambda: torch_topk(logits.detach(), k, score, b)},
+            "full": {
+            "fk": lambda: fk.router_topk(logits, k, score, expert_bias=b)[0].backward(grad),
+            "torch": lambda: torch_topk(logits, k, score, b)[0].backward(grad)}}
+        for mode, group in fns.items():
+            grads = (logits,) if mode == "full" else ()
+            times = H.time_rounds({n: (f, grads) for n, f in group.items()}, device, args)
+            ms = {n: sorted(v)[len(v) // 2] for n, v in times.items()}
+            print(f"\nrouter_topk {score} k={k} {mode} ({e} experts)")
+            print(f"{'provider':<20}{'us':>10}{'of copy bw':>12}{'vs fk':>8}")
+            for n, v in ms.items():
+                print(f"{n:<20}{v * 1e3:>10.1f}{nbytes[mode] / (v * 1e-3) / copy_bw:>12.2f}"
+                      f"{v / ms['fk']:>8.2f}")
 
 
 if __name__ == "__main__":

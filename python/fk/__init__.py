@@ -36,6 +36,7 @@ from .ops.qwen2vl_mrope import qwen2vl_mrope  # noqa: E402
 from .ops.rms_norm import rms_norm  # noqa: E402
 from .ops.rope import rope, rope_  # noqa: E402
 from .ops.router_logits import router_logits  # noqa: E402
+from .ops.router_topk import router_topk  # noqa: E402
 from .ops.softmax import softmax  # noqa: E402
 from .ops.sparsemax import sparsemax  # noqa: E402
 from .ops.swiglu import swiglu  # noqa: E402
@@ -57,7 +58,7 @@ __all__ = ["CrossEntropyOutput", "cross_entropy", "dyt", "fp8_dequantize", "fp8_
            "fused_linear_cross_entropy", "fused_linear_jsd", "geglu", "group_norm", "jsd",
            "kl_div", "layer_norm", "llama4_rope", "multi_tensor_count_zeros", "multi_tensor_norm",
            "neighborhood_attention", "poly_norm", "qwen2vl_mrope", "rms_norm",
-           "rope", "rope_", "router_logits", "softmax", "sparsemax", "swiglu", "swiglu_linear",
+           "rope", "rope_", "router_logits", "router_topk", "softmax", "sparsemax", "swiglu", "swiglu_linear",
            "tvd",
            "vocab_parallel_cross_entropy", "vocab_parallel_fused_linear_cross_entropy",
            "nn", "build_info", "cmake_prefix_path"]
