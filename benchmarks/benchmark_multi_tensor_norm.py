@@ -76,10 +76,12 @@ def main():
 
     counts = {"fk": lambda: fk.multi_tensor_count_zeros(ts),
               "torch": lambda: torch.stack([(t == 0).sum() for t in ts]).sum()}
-    # correctness first: every provider agrees
+    # correctness first: every provider agrees (torch's norms of 16-bit tensors come back
+    # rounded to their dtype; fk's are float32)
+    tol = 1e-4 if dtype == torch.float32 else 8e-3
     for ord in (2.0, float("inf")):
         vals = {n: f().item() for n, f in norms(ord).items()}
-        assert all(abs(v - vals["fk"]) <= 1e-4 * abs(vals["fk"]) for v in vals.values()), vals
+        assert all(abs(v - vals["fk"]) <= tol * abs(vals["fk"]) for v in vals.values()), vals
     assert counts["fk"]().item() == counts["torch"]().item()
 
     for name, fns, linghe in (("norm ord=2", norms(2.0), LINGHE_US["norm"]),
