@@ -4,7 +4,8 @@ clipping) and the count of zero elements, with float32 accumulation.
 The tensors are described by a table in device memory, four int64 per tensor:
     (address, numel, dtype code, first block)
 dtype code 0 float32, 1 bfloat16, 2 float16; the tensors' elements are read as flat
-contiguous arrays, BLOCK elements at a time. Block j of tensor i has the global index
+contiguous arrays, BLOCK elements at a time, from 16-byte aligned addresses (the C++ side
+copies a tensor that is not), so that full blocks load 16 bytes a thread at a time. Block j of tensor i has the global index
 ``first block + j`` (the prefix sum of the tensors' block counts), and program p of the P
 programs handles the global blocks p, p + P, p + 2P, ...: the work is spread evenly over the
 programs whatever the sizes, and every program reads the table (a few KiB, from L2 after the
@@ -28,19 +29,36 @@ TABLE_COLS = 4
 
 
 @triton.jit
+def _combine(acc, v, MODE: tl.constexpr):
+    if MODE == 0:
+        acc += v * v
+    elif MODE == 1:
+        acc = tl.maximum(acc, tl.abs(v), propagate_nan=tl.PropagateNan.ALL)
+    else:
+        acc += (v == 0.0).to(tl.int32)
+    return acc
+
+
+@triton.jit
 def _reduce_blocks(acc, ptr, numel, b0, P, MODE: tl.constexpr, BLOCK: tl.constexpr):
-    """acc combined with blocks b0, b0 + P, ... of one tensor (elements at `ptr`)."""
+    """acc combined with blocks b0, b0 + P, ... of one tensor (elements at `ptr`, 16-byte
+    aligned: the C++ side guarantees it). Full blocks load without a mask (16-byte loads:
+    numel has no divisibility hint), the last one masked; masked lanes are left out."""
     lanes = tl.arange(0, BLOCK)
     for b in range(b0, tl.cdiv(numel, BLOCK), P):
-        offs = b * BLOCK + lanes
-        mask = offs < numel
-        v = tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        if MODE == 0:
-            acc += v * v
-        elif MODE == 1:
-            acc = tl.maximum(acc, tl.abs(v), propagate_nan=tl.PropagateNan.ALL)
+        start = b * BLOCK
+        if start + BLOCK <= numel:
+            # (the hint that makes these 16-byte loads: start is a multiple of BLOCK and
+            # the tensor 16-byte aligned; a hint on the scalar address is not kept)
+            ptrs = tl.max_contiguous(tl.multiple_of(ptr + start + lanes, 16), BLOCK)
+            acc = _combine(acc, tl.load(ptrs).to(tl.float32), MODE)
         else:
-            acc += ((v == 0.0) & mask).to(tl.int32)
+            mask = lanes < numel - start
+            v = tl.load(ptr + start + lanes, mask=mask, other=1.0).to(tl.float32)
+            # other=1.0 counts no zero; for the norms the masked lanes are 0
+            if MODE != 2:
+                v = tl.where(mask, v, 0.0)
+            acc = _combine(acc, v, MODE)
     return acc
 
 

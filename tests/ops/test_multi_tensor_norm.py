@@ -75,6 +75,16 @@ def test_interpreter_reduce_and_finish(programs):
     assert _interp(mod, ts, mod.COUNT_ZEROS, programs, 256).item() == ref_count_zeros(ts)
 
 
+def test_interpreter_small_values_partial_blocks():
+    """|x| < 1 everywhere, every tensor ending in a partial block: the masked lanes must add
+    nothing to either norm and count no zero."""
+    mod = load_triton_src("multi_tensor_norm")
+    ts = [t * 0.01 for t in _mixed()]
+    _close(_interp(mod, ts, mod.SUM_SQUARES, 4, 256), ref_norm(ts, 2))
+    _close(_interp(mod, ts, mod.MAX_ABS, 4, 256), ref_norm(ts, INF), rel=0)
+    assert _interp(mod, ts, mod.COUNT_ZEROS, 4, 256).item() == ref_count_zeros(ts)
+
+
 def test_interpreter_nan_and_inf_propagate():
     mod = load_triton_src("multi_tensor_norm")
     ts = _mixed()
@@ -271,6 +281,20 @@ def test_cuda_nan_inf_non_contiguous_and_deterministic():
     assert torch.isnan(fk.multi_tensor_norm(ts)) and torch.isnan(fk.multi_tensor_norm(ts, INF))
     ts[2][77] = INF
     assert fk.multi_tensor_norm(ts).item() == INF == fk.multi_tensor_norm(ts, INF).item()
+
+
+@pytest.mark.cuda
+def test_cuda_misaligned_views():
+    """Views 2 and 4 bytes past a 16-byte boundary (read through aligned copies), with full
+    and partial blocks."""
+    flat = torch.randn(3 * 4096 + 100, device="cuda")
+    half = flat.bfloat16()
+    ts = [flat[1:], half[1:4096 * 2 + 9], half[3:], flat[5:4101]]
+    assert all(t.data_ptr() % 16 for t in ts)
+    for ord in (2.0, INF):
+        _close(fk.multi_tensor_norm(ts, ord).cpu(), ref_norm(ts, ord))
+    ts[1][7] = 0
+    assert fk.multi_tensor_count_zeros(ts).item() == ref_count_zeros(ts)
 
 
 @pytest.mark.cuda

@@ -43,15 +43,18 @@ Tensor reduce(const char* op, const std::vector<Tensor>& tensors, int mode) {
   const int64_t block = reduce_k.constexpr_value("BLOCK");
   const ScalarType out_dtype = mode == kCountZeros ? kLong : kFloat;
 
-  // Non-contiguous tensors are read through contiguous copies, held until the launch is
-  // queued (the caching allocator orders their reuse after it on this stream).
+  // Non-contiguous tensors, and views not 16-byte aligned (the kernel's full blocks use
+  // 16-byte loads), are read through contiguous copies (fresh allocations are aligned),
+  // held until the launch is queued (the caching allocator orders their reuse after it on
+  // this stream).
   std::vector<Tensor> keep;
   std::vector<int64_t> rows;
   rows.reserve(kCols * tensors.size());
   int64_t blocks = 0;
   for (const Tensor& t : tensors) {
     if (t.numel() == 0) continue;
-    Tensor c = t.is_contiguous() ? t : aten::contiguous(t);
+    const bool aligned = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+    Tensor c = t.is_contiguous() && aligned ? t : aten::clone(t);
     rows.insert(rows.end(), {reinterpret_cast<int64_t>(c.data_ptr()), c.numel(),
                              dtype_code(c.scalar_type()), blocks});
     blocks += checks::ceil_div(c.numel(), block);
