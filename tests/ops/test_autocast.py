@@ -69,7 +69,20 @@ def _swiglu_recompute(x, wg, wu):
     return fk.swiglu_linear(x, wg, wu, recompute=True)
 
 
+def _router_inputs(device):
+    return _leaves((2, 5, 16), (12, 16), device=device, seed=3)
+
+
+def _router(x, w):
+    return fk.router_logits(x, w)
+
+
+def _router_op(x, w):
+    return torch.ops.fk.router_logits(x, w)
+
+
 OPS = {
+    "router_logits": (_router_inputs, _router, _router_op, True),
     "fused_linear_cross_entropy": (_flce_inputs, _flce, _flce_op, True),
     "fused_linear_jsd": (_jsd_inputs, _jsd, _jsd_op, True),
     "swiglu_linear": (_swiglu_inputs, _swiglu, _swiglu_op, False),
@@ -206,6 +219,7 @@ def test_rules_cover_the_matmul_ops():
         "fused_linear_jsd": ("student_input", "student_weight", "teacher_input",
                              "teacher_weight"),
         "_swiglu_linear_forward": ("x", "w_gate", "w_up"),
+        "router_logits": ("x", "weight"),
     }
 
 
