@@ -37,12 +37,13 @@ from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args, rms_normalize, 
 
 FLAG_COS_FP32 = 2  # cos / sin are float32 (otherwise they have qkv's dtype)
 
-# Bits of the run-time ``mode`` argument (csrc/ops/qkv_split_norm_rope/*_cuda.cpp).
-GROUPED = 1
-TOKENS_SB = 2
-OUT_BHSD = 4
-HAS_QW = 8
-HAS_KW = 16
+# Bits of the run-time ``mode`` argument (csrc/ops/qkv_split_norm_rope/*_cuda.cpp); ``.value``
+# gives the int.
+GROUPED = tl.constexpr(1)
+TOKENS_SB = tl.constexpr(2)
+OUT_BHSD = tl.constexpr(4)
+HAS_QW = tl.constexpr(8)
+HAS_KW = tl.constexpr(16)
 
 
 @triton.jit
