@@ -381,6 +381,29 @@ inline void rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at:
   op.call(q, k, cos, sin, rotary_dim, interleaved);
 }
 
+// Attention inputs from a fused QKV projection in one kernel: qkv (S, B, N) (input_layout
+// "sbh") or (B, S, N) ("bsh"), N = (num_heads + 2 * num_kv_heads) * head_dim, heads per kv
+// group [q heads..., k, v] (qkv_format "grouped", Megatron) or [q..., k..., v...] ("plain"),
+// split; q and k RMS-normalized per head with their weights (Hugging Face Qwen3 numerics;
+// none without a weight) and rotated as fk::rope does (rotate-half, the first rotary_dim
+// dims). Returns contiguous (q, k, v) as (B, S, H, D) (layout "bshd") or (B, H, S, D)
+// ("bhsd").
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_split_norm_rope(
+    const at::Tensor& qkv, const std::optional<at::Tensor>& q_norm_weight,
+    const std::optional<at::Tensor>& k_norm_weight, const at::Tensor& cos, const at::Tensor& sin,
+    int64_t num_heads, int64_t num_kv_heads, double eps = 1e-6,
+    std::optional<int64_t> rotary_dim = std::nullopt, c10::string_view layout = "bshd",
+    c10::string_view qkv_format = "grouped", c10::string_view input_layout = "sbh") {
+  static const auto op =
+      detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+          const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+          const at::Tensor&, const at::Tensor&, int64_t, int64_t, double,
+          std::optional<int64_t>, c10::string_view, c10::string_view, c10::string_view)>(
+          "fk::qkv_split_norm_rope");
+  return op.call(qkv, q_norm_weight, k_norm_weight, cos, sin, num_heads, num_kv_heads, eps,
+                 rotary_dim, layout, qkv_format, input_layout);
+}
+
 // Llama 4's rotary embedding of q (B, S, Hq, D) and k (B, S, Hkv, D): each adjacent pair
 // (x[2i], x[2i+1]) read as a complex number times freqs_cis[..., s, i], in fp32. freqs_cis:
 // complex64 (S, D/2) or (1 or B, S, D/2), or its view_as_real (..., D/2, 2) in float32 or

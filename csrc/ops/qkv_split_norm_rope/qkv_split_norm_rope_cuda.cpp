@@ -114,8 +114,9 @@ std::tuple<Tensor, Tensor, Tensor> qkv_split_norm_rope_backward_cuda(
              gv = aten::contiguous(grad_v);
   const auto l = prepare(op, "qkv_split_norm_rope_bwd", p, x, q_norm_weight, k_norm_weight,
                          cos, sin, {&gq, &gk, &gv, &dqkv});
-  // Persistent grid: four programs per multiprocessor, each over a stride of tiles.
-  const int64_t programs = runtime::persistent_grid(l.tiles, qkv.device(), 4).programs;
+  // Persistent grid: two programs per multiprocessor (what fits with the backward's
+  // registers at 4 warps), each over a stride of tiles.
+  const int64_t programs = runtime::persistent_grid(l.tiles, qkv.device(), 2).programs;
   // Partial weight gradients, written whenever the weight exists (even if frozen).
   auto part_q = has_qw ? aten::empty({programs, p.d}, kFloat, x.device()) : Tensor();
   auto part_k = has_kw ? aten::empty({programs, p.d}, kFloat, x.device()) : Tensor();
