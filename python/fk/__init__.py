@@ -23,6 +23,7 @@ from .ops.fp8_quantize import fp8_dequantize, fp8_quantize  # noqa: E402
 from .ops.fused_add_rms_norm import fused_add_rms_norm  # noqa: E402
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from .ops.fused_linear_jsd import fused_linear_jsd  # noqa: E402
+from .ops.gated_group_rms_norm import gated_group_rms_norm  # noqa: E402
 from .ops.geglu import geglu  # noqa: E402
 from .ops.group_norm import group_norm  # noqa: E402
 from .ops.jsd import jsd  # noqa: E402
@@ -55,7 +56,7 @@ __all__ = ["CrossEntropyOutput", "cross_entropy", "dyt", "fp8_dequantize", "fp8_
            "fused_add_rms_norm",
            "fused_linear_cross_entropy", "fused_linear_jsd", "geglu", "group_norm", "jsd",
            "kl_div", "layer_norm", "llama4_rope", "neighborhood_attention", "poly_norm", "qwen2vl_mrope", "rms_norm",
-           "qkv_split_norm_rope",
+           "qkv_split_norm_rope", "gated_group_rms_norm",
            "rope", "rope_", "softmax", "sparsemax", "swiglu", "swiglu_linear", "tvd",
            "vocab_parallel_cross_entropy", "vocab_parallel_fused_linear_cross_entropy",
            "nn", "build_info", "cmake_prefix_path"]
