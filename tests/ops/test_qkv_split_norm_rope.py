@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import fk
-from helpers import (DTYPES, assert_close, cdiv, error_lines, load_triton_src, misaligned,
-                     poison_cuda_cache, randn, round_nearest, round_toward_zero)
+from helpers import (DTYPES, assert_close, cdiv, check_compile_matches_eager, error_lines,
+                     load_triton_src, misaligned, poison_cuda_cache, randn, round_nearest,
+                     round_toward_zero)
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:DeprecationWarning")
 
@@ -453,19 +454,11 @@ def test_torch_compile_fullgraph():
         q, k, v = fk.qkv_split_norm_rope(x, qw, kw, cos, sin, 4, 2, layout="bhsd")
         return q.sum() + k.pow(2).sum() + (v * q[:, :2]).sum()
 
-    torch._dynamo.reset()
-    compiled = torch.compile(f, fullgraph=True, dynamic=True)
-    for s in (5, 9):
+    def args(s):
         qkv, qw, kw, cos, sin = make_inputs(2, s, 4, 2, 8)
-        args = [t.requires_grad_() for t in (qkv, qw, kw)]
-        eager_args = [a.detach().clone().requires_grad_() for a in args]
-        out = compiled(*args, cos, sin)
-        ref = f(*eager_args, cos, sin)
-        assert_close(out, ref, torch.float32, factor=10)
-        out.backward()
-        ref.backward()
-        for a, b in zip(args, eager_args):
-            assert_close(a.grad, b.grad, torch.float32, factor=10)
+        return [qkv.requires_grad_(), qw.requires_grad_(), kw.requires_grad_(), cos, sin]
+
+    check_compile_matches_eager(f, args)
 
 
 def test_torchscript(tmp_path):
