@@ -33,6 +33,15 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 QUICK_DIV = 16  # --quick divides every model width by this
 
 
+def batch_and_seq(tokens: int, seq: int):
+    """(batch, seq) for `tokens` tokens in sequences of min(tokens, seq); exits with a message
+    when they do not divide."""
+    seq = min(tokens, seq)
+    if tokens % seq:
+        raise SystemExit(f"--tokens {tokens} is not a multiple of the sequence length {seq}")
+    return tokens // seq, seq
+
+
 class Outputs:
     """Several outputs as the harness's single one: ``torch.randn_like(outs)`` gives one
     gradient per output (each like its output) and ``outs.backward(grads)`` runs one backward

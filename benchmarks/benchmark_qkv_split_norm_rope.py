@@ -66,10 +66,7 @@ def main():
     n = (hq + 2 * hkv) * d
 
     def dims(tokens):
-        seq = min(tokens, args.seq)
-        if tokens % seq:
-            raise SystemExit(f"--tokens {tokens} is not a multiple of the sequence length {seq}")
-        return tokens // seq, seq
+        return H.batch_and_seq(tokens, args.seq)
 
     def bytes_moved(tokens, mode):
         b, s = dims(tokens)
