@@ -399,6 +399,22 @@ void check_qkv_split_norm_rope() {
   }, {qkv, qw, kw}, 0);
 }
 
+void check_gated_group_rms_norm() {
+  const at::Tensor x = randn({2, 3, 2, 8}), gate = randn({2, 3, 2, 8});
+  const at::Tensor w_group = randn({4}) + 1, w_full = randn({8}) + 1;
+  for (const char* act : {"silu", "sigmoid"}) {
+    gradcheck(std::string("gated_group_rms_norm ") + act + " transposed", [=](const Tensors& t) {
+      return one(fk::gated_group_rms_norm(t[0], t[1], t[2], 4, 1e-6, act, true));
+    }, {x, gate, w_group}, {true, true, true});
+  }
+  gradcheck("gated_group_rms_norm full weight frozen gate", [=](const Tensors& t) {
+    return one(fk::gated_group_rms_norm(t[0], t[1], t[2], 4));
+  }, {x, gate, w_full}, {true, false, true});
+  check_double_backward("gated_group_rms_norm", [=](const Tensors& t) {
+    return one(fk::gated_group_rms_norm(t[0], t[1], t[2], 4));
+  }, {x, gate, w_full}, 0);
+}
+
 void check_swiglu_linear() {
   const at::Tensor x = randn({2, 3, 8}), wg = 0.3 * randn({5, 8}), wu = 0.3 * randn({5, 8});
   for (const bool recompute : {false, true}) {
@@ -663,6 +679,7 @@ int main() {
     check_llama4_rope();
     check_qwen2vl_mrope();
     check_qkv_split_norm_rope();
+    check_gated_group_rms_norm();
     check_swiglu_linear();
     check_cross_entropy();
     check_fused_linear_cross_entropy();

@@ -937,6 +937,58 @@ class QkvSplitNormRopeFunction : public torch::autograd::Function<QkvSplitNormRo
   }
 };
 
+// --- gated_group_rms_norm: on fk::gated_group_rms_norm (the backward recomputes the group
+// statistics from x) ---------------------------------------------------------------------------
+
+class GatedGroupRmsNormFunction : public torch::autograd::Function<GatedGroupRmsNormFunction> {
+ public:
+  static constexpr const char* kOp = "fk::gated_group_rms_norm";
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gate,
+                               const std::optional<at::Tensor>& weight, int64_t group_size,
+                               double eps, c10::string_view activation, bool transpose_out) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto y = fk::gated_group_rms_norm(x, gate, weight, group_size, eps, activation,
+                                      transpose_out);
+    ctx->save_for_backward({x, gate, weight.value_or(at::Tensor())});
+    ctx->saved_data["group_size"] = group_size;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["activation"] = std::string(activation);
+    ctx->saved_data["transpose_out"] = transpose_out;
+    return {y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto weight = detail::optional(saved[2]);
+    const bool need_dw = weight.has_value() && ctx->needs_input_grad(2);
+    return detail::once_differentiable(kOp, grads, {&saved[0], &saved[1], &saved[2]}, [&](bool) {
+      static const auto op =
+          detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const std::optional<at::Tensor>&, int64_t, double, c10::string_view, bool, bool)>(
+              "fk::_gated_group_rms_norm_backward");
+      auto& d = ctx->saved_data;
+      auto [dx, dg, dw] = op.call(grads[0], saved[0], saved[1], weight, d["group_size"].toInt(),
+                                  d["eps"].toDouble(), d["activation"].toStringRef(),
+                                  d["transpose_out"].toBool(), need_dw);
+      return variable_list{dx, dg, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::gated_group_rms_norm.
+  static at::Tensor kernel(const at::Tensor& x, const at::Tensor& gate,
+                           const std::optional<at::Tensor>& weight, int64_t group_size,
+                           double eps, c10::string_view activation, bool transpose_out) {
+    if (!detail::records({&x, &gate, detail::ptr(weight)})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return fk::gated_group_rms_norm(x, gate, weight, group_size, eps, activation,
+                                      transpose_out);
+    }
+    return apply(x, gate, weight, group_size, eps, activation, transpose_out)[0];
+  }
+};
+
 // --- llama4_rope: on fk::llama4_rope (the backward needs only freqs_cis) ---------------------
 
 class Llama4RopeFunction : public torch::autograd::Function<Llama4RopeFunction> {
@@ -1752,6 +1804,7 @@ inline void register_kernels(torch::Library& m) {
   m.impl("rope", &RopeFunction::kernel);
   m.impl("rope_", &RopeFunction::in_place_kernel);
   m.impl("qkv_split_norm_rope", &QkvSplitNormRopeFunction::kernel);
+  m.impl("gated_group_rms_norm", &GatedGroupRmsNormFunction::kernel);
   m.impl("llama4_rope", &Llama4RopeFunction::kernel);
   m.impl("qwen2vl_mrope", &Qwen2vlMropeFunction::kernel);
   m.impl("_swiglu_linear_forward", &SwigluLinearFunction::kernel);

@@ -404,6 +404,23 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_split_norm_rope(
                  rotary_dim, layout, qkv_format, input_layout);
 }
 
+// Gated group RMSNorm (the output gate of linear-attention layers, Hugging Face
+// Qwen3NextRMSNormGated): round(weight * round(x_hat)) * act(gate) with x_hat the RMS-normalized
+// x over each group of group_size elements of the last dim, act = silu or sigmoid ("silu" |
+// "sigmoid") of the float32 gate. weight (N,) or (group_size,), or none. transpose_out: x
+// (B, S, H, D) -> y (S, B, H * D).
+inline at::Tensor gated_group_rms_norm(const at::Tensor& x, const at::Tensor& gate,
+                                       const std::optional<at::Tensor>& weight,
+                                       int64_t group_size, double eps = 1e-6,
+                                       c10::string_view activation = "silu",
+                                       bool transpose_out = false) {
+  static const auto op =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, int64_t, double, c10::string_view,
+                            bool)>("fk::gated_group_rms_norm");
+  return op.call(x, gate, weight, group_size, eps, activation, transpose_out);
+}
+
 // Llama 4's rotary embedding of q (B, S, Hq, D) and k (B, S, Hkv, D): each adjacent pair
 // (x[2i], x[2i+1]) read as a complex number times freqs_cis[..., s, i], in fp32. freqs_cis:
 // complex64 (S, D/2) or (1 or B, S, D/2), or its view_as_real (..., D/2, 2) in float32 or
