@@ -98,6 +98,17 @@ def test_interpreter(case, activation, dtype, transpose_out):
     assert_close(part.sum(0), gw, dtype, factor=2, what="dw")
 
 
+def test_variants_cover_every_dtype_and_alignment():
+    mod = load_triton_src("gated_group_rms_norm")
+    vs = mod.variants(90)
+    for family in ("gated_group_rms_norm_fwd", "gated_group_rms_norm_bwd"):
+        for dt in ("fp32", "bf16", "fp16"):
+            for bg in mod.TILES:
+                got = {v.flags for v in vs if v.family == family and v.dtype == dt
+                       and v.block == bg}
+                assert got == {0, 1}, (family, dt, bg, got)
+
+
 # --- level 2: the CPU backend against the reference --------------------------------------
 
 # shape, group size, weight per group, transpose_out

@@ -197,6 +197,20 @@ def test_interpreter_backward(case, opts, programs):
             assert_close(part.sum(0), ref, qkv.dtype, factor=2, what=name)
 
 
+def test_variants_cover_every_dtype_and_flag():
+    """Every dtype has both kernels at every half block, aligned or not, with cos / sin of
+    its own dtype and (16-bit dtypes) float32."""
+    mod = load_triton_src("qkv_split_norm_rope")
+    vs = mod.variants(90)
+    for family in ("qkv_split_norm_rope_fwd", "qkv_split_norm_rope_bwd"):
+        for dt in ("fp32", "bf16", "fp16"):
+            flags = {0, 1} if dt == "fp32" else {0, 1, 2, 3}
+            for hb in mod.TILES:
+                got = {v.flags for v in vs if v.family == family and v.dtype == dt
+                       and v.block == hb}
+                assert got == flags, (family, dt, hb, got)
+
+
 # --- level 2: the CPU backend against the reference --------------------------------------
 
 # (B, S, Hq, Hkv, D, rotary_dim passed, cos width, weights)
