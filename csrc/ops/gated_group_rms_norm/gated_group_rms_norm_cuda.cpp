@@ -19,9 +19,8 @@ struct Launch {
   int64_t m, b, s, h, tiles;
 };
 
-Launch prepare(const char* op, const char* family, const GatedNorm& p, const Tensor& x,
+Launch prepare(const char* op, const runtime::KernelFamily& fam, const GatedNorm& p, const Tensor& x,
                bool transpose_out, std::initializer_list<const Tensor*> tensors) {
-  const auto& fam = runtime::family(family);
   FK_CHECK(p.g <= fam.max_block(x), op, ": group_size (", p.g, ") must be at most ",
            fam.max_block(x), " on CUDA");
   const bool aligned = runtime::aligned16(tensors) && p.n % 16 == 0 && p.g % 16 == 0;
@@ -46,7 +45,8 @@ Tensor gated_group_rms_norm_cuda(Tensor x, Tensor gate, std::optional<Tensor> we
   if (x.numel() == 0) return y;
   const auto xc = aten::contiguous(x), gc = aten::contiguous(gate);
   const Tensor w = has(weight) ? aten::contiguous(*weight) : xc;  // unread without a weight
-  const auto l = prepare(op, "gated_group_rms_norm_fwd", p, xc, transpose_out,
+  static const auto& family_fwd = runtime::family("gated_group_rms_norm_fwd");
+  const auto l = prepare(op, family_fwd, p, xc, transpose_out,
                          {&xc, &gc, &w, &y});
   KernelArgs args;
   args.ptr(xc).ptr(gc).ptr(w).ptr(y).i64(l.m).i32(p.n).i32(p.g).i32(l.b).i32(l.s).i32(l.h)
@@ -73,7 +73,8 @@ std::tuple<Tensor, Tensor, Tensor> gated_group_rms_norm_backward_cuda(
   const auto xc = aten::contiguous(x), gc = aten::contiguous(gate),
              dy = aten::contiguous(grad_y);
   const Tensor w = has_w ? aten::contiguous(*weight) : xc;
-  const auto l = prepare(op, "gated_group_rms_norm_bwd", p, xc, transpose_out,
+  static const auto& family_bwd = runtime::family("gated_group_rms_norm_bwd");
+  const auto l = prepare(op, family_bwd, p, xc, transpose_out,
                          {&xc, &gc, &w, &dy, &dx, &dg});
   // Two programs per multiprocessor, each over a stride of tiles; the partial weight
   // gradients exist whenever there is a weight (even if frozen).

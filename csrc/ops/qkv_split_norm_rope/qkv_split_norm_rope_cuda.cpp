@@ -34,7 +34,7 @@ struct Launch {
   uint32_t flags;
 };
 
-Launch prepare(const char* op, const char* family, const QkvSplit& p, const Tensor& x,
+Launch prepare(const char* op, const runtime::KernelFamily& fam, const QkvSplit& p, const Tensor& x,
                const std::optional<Tensor>& qw, const std::optional<Tensor>& kw,
                const Tensor& cos, const Tensor& sin, std::initializer_list<const Tensor*> more) {
   Launch l{};
@@ -57,7 +57,6 @@ Launch prepare(const char* op, const char* family, const QkvSplit& p, const Tens
   }
   l.flags = (aligned ? runtime::kFlagAligned : 0) |
             (l.cos.scalar_type() != x.scalar_type() ? kFlagCosFp32 : 0);
-  const auto& fam = runtime::family(family);
   l.kern = &fam.pick(op, x, l.half, l.flags);
   const int64_t bt = l.kern->constexpr_value("BT"), bh = l.kern->constexpr_value("BH");
   l.tiles = checks::ceil_div(p.b * p.s, bt) *
@@ -78,7 +77,8 @@ std::tuple<Tensor, Tensor, Tensor> qkv_split_norm_rope_cuda(
        v = qkv_split_output(p, p.hkv, qkv);
   if (p.b * p.s == 0) return {q, k, v};
   const auto x = qkv.stride(2) == 1 ? qkv : aten::contiguous(qkv);
-  const auto l = prepare(op, "qkv_split_norm_rope_fwd", p, x, q_norm_weight, k_norm_weight,
+  static const auto& family_fwd = runtime::family("qkv_split_norm_rope_fwd");
+  const auto l = prepare(op, family_fwd, p, x, q_norm_weight, k_norm_weight,
                          cos, sin, {&q, &k, &v});
   // Without a weight the kernel never reads the pointer.
   const Tensor& qw = has(q_norm_weight) ? *q_norm_weight : x;
@@ -112,7 +112,8 @@ std::tuple<Tensor, Tensor, Tensor> qkv_split_norm_rope_backward_cuda(
   // The kernel reads the gradients in the outputs' (contiguous) layout.
   const auto gq = aten::contiguous(grad_q), gk = aten::contiguous(grad_k),
              gv = aten::contiguous(grad_v);
-  const auto l = prepare(op, "qkv_split_norm_rope_bwd", p, x, q_norm_weight, k_norm_weight,
+  static const auto& family_bwd = runtime::family("qkv_split_norm_rope_bwd");
+  const auto l = prepare(op, family_bwd, p, x, q_norm_weight, k_norm_weight,
                          cos, sin, {&gq, &gk, &gv, &dqkv});
   // Persistent grid: two programs per multiprocessor (what fits with the backward's
   // registers at 4 warps), each over a stride of tiles.
