@@ -157,6 +157,31 @@ def test_cpu_matches_hugging_face_qwen3_next():
     assert_close(yt, ref.transpose(0, 1), torch.float32)
 
 
+def test_nn_module_matches_hugging_face_qwen3_next():
+    """fk.nn.RMSNormGated loads Qwen3NextRMSNormGated's state dict and matches it, forward and
+    backward; group_size splits the row as FLA's gated norm does."""
+    mod = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    d = 16
+    hf = mod.Qwen3NextRMSNormGated(d, eps=1e-6)
+    with torch.no_grad():
+        hf.weight.add_(0.3 * randn(d))
+    ours = fk.nn.RMSNormGated(d, eps=1e-6)
+    ours.load_state_dict(hf.state_dict())
+    x, z = randn(6, d), randn(6, d)  # float32: Hugging Face's module computes in float32
+    xs = [x.clone().requires_grad_() for _ in range(2)]
+    y_hf, y = hf(xs[0], z), ours(xs[1], z)
+    assert_close(y, y_hf, torch.float32)
+    y_hf.sum().backward()
+    y.sum().backward()
+    assert_close(xs[1].grad, xs[0].grad, torch.float32, factor=2)
+    assert_close(ours.weight.grad, hf.weight.grad, torch.float32, factor=2)
+    grouped = fk.nn.RMSNormGated(d, group_size=4, activation="sigmoid")
+    assert_close(grouped(x, z), ref_gated(x, z, grouped.weight.detach(), 4, 1e-6, "sigmoid"),
+                 torch.float32)
+    with pytest.raises(ValueError, match="activation"):
+        fk.nn.RMSNormGated(d, activation="gelu")
+
+
 def test_cpu_no_weight_strided_and_empty():
     x, gate, _ = make_inputs((4, 6, 16), 8)
     y = fk.gated_group_rms_norm(x, gate, None, 8, activation="sigmoid")
