@@ -33,6 +33,37 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 QUICK_DIV = 16  # --quick divides every model width by this
 
 
+def batch_and_seq(tokens: int, seq: int):
+    """(batch, seq) for `tokens` tokens in sequences of min(tokens, seq); exits with a message
+    when they do not divide."""
+    seq = min(tokens, seq)
+    if tokens % seq:
+        raise SystemExit(f"--tokens {tokens} is not a multiple of the sequence length {seq}")
+    return tokens // seq, seq
+
+
+class Outputs:
+    """Several outputs as the harness's single one: ``torch.randn_like(outs)`` gives one
+    gradient per output (each like its output) and ``outs.backward(grads)`` runs one backward
+    through all of them."""
+
+    def __init__(self, *tensors):
+        self.tensors = tensors
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        outs, rest = args[0], args[1:]
+        return Outputs(*(func(t, *rest, **(kwargs or {})) for t in outs.tensors))
+
+    def backward(self, grads):
+        torch.autograd.backward(self.tensors, grads.tensors)
+
+
+def outputs_of(fn):
+    """fn returning a tuple of tensors, as a callable returning one :class:`Outputs`."""
+    return lambda *args: Outputs(*fn(*args))
+
+
 def make_parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--model", default="llama_3_8b", choices=sorted(MODELS))

@@ -33,6 +33,8 @@ MODELS = {m.name: m for m in [
     ModelConfig("llama_3_2_1b", 2048, 8192, 128256, 32, 8, 64, 1e-5),
     ModelConfig("qwen2_5_7b", 3584, 18944, 152064, 28, 4, 128, 1e-6),
     ModelConfig("qwen3_8b", 4096, 12288, 151936, 32, 8, 128, 1e-6),
+    # Qwen3-30B-A3B: MoE (128 experts of width 768, top 8); its dense intermediate size.
+    ModelConfig("qwen3_30b_a3b", 2048, 6144, 151936, 32, 4, 128, 1e-6),
     ModelConfig("gemma_2_9b", 3584, 14336, 256000, 16, 8, 256, 1e-6,
                 rms_offset=1.0, rms_casting_mode="gemma", mlp_act="gelu_tanh"),
     ModelConfig("mistral_7b", 4096, 14336, 32000, 32, 8, 128, 1e-5),

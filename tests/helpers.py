@@ -235,6 +235,22 @@ def assert_quantized_near(data, scales, ref, rel, pow2):
     bound = torch.maximum(ref.abs() * 2.0 ** -4, s_full * 2.0 ** -10) * (1 + rel) + \
         ref.abs() * rel
     assert ((out - ref).abs() <= bound).all(), ((out - ref).abs() - bound).max()
+def check_compile_matches_eager(f, make_args, sizes=(5, 9), factor=10):
+    """torch.compile(f, fullgraph=True, dynamic=True) against f in eager mode, for the
+    arguments make_args(size) of each size (a list; those that require grad are compared by
+    their gradients too): the loss f returns and its gradients, float32 tolerances x factor."""
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, dynamic=True)
+    for size in sizes:
+        args = make_args(size)
+        eager_args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+        out, ref = compiled(*args), f(*eager_args)
+        assert_close(out, ref, torch.float32, factor=factor)
+        out.backward()
+        ref.backward()
+        for a, b in zip(args, eager_args):
+            if a.requires_grad:
+                assert_close(a.grad, b.grad, torch.float32, factor=factor)
 
 
 # --- Triton sources under the interpreter ---------------------------------------------

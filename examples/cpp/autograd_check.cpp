@@ -377,6 +377,44 @@ void check_qwen2vl_mrope() {
   }, {q, k}, 0);
 }
 
+void check_qkv_split_norm_rope() {
+  // qkv (S 3, B 2, (2 + 2 * 1) * 8), partial rotary (cos width 4), both norm weights.
+  const at::Tensor qkv = randn({3, 2, 32}), qw = randn({8}) + 1, kw = randn({8}) + 1;
+  const at::Tensor cos = randn({3, 4}), sin = randn({3, 4});
+  for (const char* layout : {"bshd", "bhsd"}) {
+    gradcheck(std::string("qkv_split_norm_rope layout=") + layout, [=](const Tensors& t) {
+      auto [q, k, v] = fk::qkv_split_norm_rope(t[0], t[1], t[2], cos, sin, 2, 1, 1e-6,
+                                               std::nullopt, layout);
+      return Tensors{q, k, v};
+    }, {qkv, qw, kw}, {true, true, true});
+  }
+  gradcheck("qkv_split_norm_rope plain bsh frozen k weight", [=](const Tensors& t) {
+    auto [q, k, v] = fk::qkv_split_norm_rope(t[0], t[1], t[2], cos, sin, 2, 1, 1e-6,
+                                             std::nullopt, "bshd", "plain", "bsh");
+    return Tensors{q, k, v};
+  }, {qkv.transpose(0, 1).contiguous(), qw, kw}, {true, true, false});
+  check_double_backward("qkv_split_norm_rope", [=](const Tensors& t) {
+    auto [q, k, v] = fk::qkv_split_norm_rope(t[0], t[1], t[2], cos, sin, 2, 1);
+    return Tensors{q, k, v};
+  }, {qkv, qw, kw}, 0);
+}
+
+void check_gated_group_rms_norm() {
+  const at::Tensor x = randn({2, 3, 2, 8}), gate = randn({2, 3, 2, 8});
+  const at::Tensor w_group = randn({4}) + 1, w_full = randn({8}) + 1;
+  for (const char* act : {"silu", "sigmoid"}) {
+    gradcheck(std::string("gated_group_rms_norm ") + act + " transposed", [=](const Tensors& t) {
+      return one(fk::gated_group_rms_norm(t[0], t[1], t[2], 4, 1e-6, act, true));
+    }, {x, gate, w_group}, {true, true, true});
+  }
+  gradcheck("gated_group_rms_norm full weight frozen gate", [=](const Tensors& t) {
+    return one(fk::gated_group_rms_norm(t[0], t[1], t[2], 4));
+  }, {x, gate, w_full}, {true, false, true});
+  check_double_backward("gated_group_rms_norm", [=](const Tensors& t) {
+    return one(fk::gated_group_rms_norm(t[0], t[1], t[2], 4));
+  }, {x, gate, w_full}, 0);
+}
+
 void check_swiglu_linear() {
   const at::Tensor x = randn({2, 3, 8}), wg = 0.3 * randn({5, 8}), wu = 0.3 * randn({5, 8});
   for (const bool recompute : {false, true}) {
@@ -664,6 +702,8 @@ int main() {
     check_rope();
     check_llama4_rope();
     check_qwen2vl_mrope();
+    check_qkv_split_norm_rope();
+    check_gated_group_rms_norm();
     check_swiglu_linear();
     check_cross_entropy();
     check_fused_linear_cross_entropy();

@@ -860,6 +860,135 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
   }
 };
 
+// --- qkv_split_norm_rope: on fk::qkv_split_norm_rope (the backward recomputes the norms from
+// the saved qkv) -----------------------------------------------------------------------------
+
+class QkvSplitNormRopeFunction : public torch::autograd::Function<QkvSplitNormRopeFunction> {
+ public:
+  static constexpr const char* kOp = "fk::qkv_split_norm_rope";
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& qkv,
+                               const std::optional<at::Tensor>& q_norm_weight,
+                               const std::optional<at::Tensor>& k_norm_weight,
+                               const at::Tensor& cos, const at::Tensor& sin, int64_t num_heads,
+                               int64_t num_kv_heads, double eps,
+                               std::optional<int64_t> rotary_dim, c10::string_view layout,
+                               c10::string_view qkv_format, c10::string_view input_layout) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [q, k, v] = fk::qkv_split_norm_rope(qkv, q_norm_weight, k_norm_weight, cos, sin,
+                                             num_heads, num_kv_heads, eps, rotary_dim, layout,
+                                             qkv_format, input_layout);
+    ctx->save_for_backward({qkv, q_norm_weight.value_or(at::Tensor()),
+                            k_norm_weight.value_or(at::Tensor()), cos, sin});
+    ctx->saved_data["num_heads"] = num_heads;
+    ctx->saved_data["num_kv_heads"] = num_kv_heads;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["rotary_dim"] =
+        rotary_dim.has_value() ? c10::IValue(*rotary_dim) : c10::IValue();
+    ctx->saved_data["layout"] = std::string(layout);
+    ctx->saved_data["qkv_format"] = std::string(qkv_format);
+    ctx->saved_data["input_layout"] = std::string(input_layout);
+    return {q, k, v};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto qw = detail::optional(saved[1]), kw = detail::optional(saved[2]);
+    const std::array<bool, 2> mask{qw.has_value() && ctx->needs_input_grad(1),
+                                   kw.has_value() && ctx->needs_input_grad(2)};
+    return detail::once_differentiable(kOp, grads, {&saved[0], &saved[1], &saved[2]}, [&](bool) {
+      static const auto op =
+          detail::op<Result(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&, const std::optional<at::Tensor>&,
+                            const std::optional<at::Tensor>&, const at::Tensor&,
+                            const at::Tensor&, int64_t, int64_t, double, std::optional<int64_t>,
+                            c10::string_view, c10::string_view, c10::string_view,
+                            std::array<bool, 2>)>("fk::_qkv_split_norm_rope_backward");
+      auto& d = ctx->saved_data;
+      auto [dqkv, dqw, dkw] =
+          op.call(grads[0], grads[1], grads[2], saved[0], qw, kw, saved[3], saved[4],
+                  d["num_heads"].toInt(), d["num_kv_heads"].toInt(), d["eps"].toDouble(),
+                  d["rotary_dim"].toOptional<int64_t>(), d["layout"].toStringRef(),
+                  d["qkv_format"].toStringRef(), d["input_layout"].toStringRef(), mask);
+      variable_list out(12);
+      out[0] = dqkv;
+      out[1] = dqw;
+      out[2] = dkw;
+      return out;
+    });
+  }
+
+  // The Autograd kernel of fk::qkv_split_norm_rope.
+  static Result kernel(const at::Tensor& qkv, const std::optional<at::Tensor>& q_norm_weight,
+                       const std::optional<at::Tensor>& k_norm_weight, const at::Tensor& cos,
+                       const at::Tensor& sin, int64_t num_heads, int64_t num_kv_heads,
+                       double eps, std::optional<int64_t> rotary_dim, c10::string_view layout,
+                       c10::string_view qkv_format, c10::string_view input_layout) {
+    if (!detail::records({&qkv, detail::ptr(q_norm_weight), detail::ptr(k_norm_weight)})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return fk::qkv_split_norm_rope(qkv, q_norm_weight, k_norm_weight, cos, sin, num_heads,
+                                     num_kv_heads, eps, rotary_dim, layout, qkv_format,
+                                     input_layout);
+    }
+    auto out = apply(qkv, q_norm_weight, k_norm_weight, cos, sin, num_heads, num_kv_heads, eps,
+                     rotary_dim, layout, qkv_format, input_layout);
+    return {out[0], out[1], out[2]};
+  }
+};
+
+// --- gated_group_rms_norm: on fk::gated_group_rms_norm (the backward recomputes the group
+// statistics from x) ---------------------------------------------------------------------------
+
+class GatedGroupRmsNormFunction : public torch::autograd::Function<GatedGroupRmsNormFunction> {
+ public:
+  static constexpr const char* kOp = "fk::gated_group_rms_norm";
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gate,
+                               const std::optional<at::Tensor>& weight, int64_t group_size,
+                               double eps, c10::string_view activation, bool transpose_out) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto y = fk::gated_group_rms_norm(x, gate, weight, group_size, eps, activation,
+                                      transpose_out);
+    ctx->save_for_backward({x, gate, weight.value_or(at::Tensor())});
+    ctx->saved_data["group_size"] = group_size;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["activation"] = std::string(activation);
+    ctx->saved_data["transpose_out"] = transpose_out;
+    return {y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto weight = detail::optional(saved[2]);
+    const bool need_dw = weight.has_value() && ctx->needs_input_grad(2);
+    return detail::once_differentiable(kOp, grads, {&saved[0], &saved[1], &saved[2]}, [&](bool) {
+      static const auto op =
+          detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const std::optional<at::Tensor>&, int64_t, double, c10::string_view, bool, bool)>(
+              "fk::_gated_group_rms_norm_backward");
+      auto& d = ctx->saved_data;
+      auto [dx, dg, dw] = op.call(grads[0], saved[0], saved[1], weight, d["group_size"].toInt(),
+                                  d["eps"].toDouble(), d["activation"].toStringRef(),
+                                  d["transpose_out"].toBool(), need_dw);
+      return variable_list{dx, dg, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::gated_group_rms_norm.
+  static at::Tensor kernel(const at::Tensor& x, const at::Tensor& gate,
+                           const std::optional<at::Tensor>& weight, int64_t group_size,
+                           double eps, c10::string_view activation, bool transpose_out) {
+    if (!detail::records({&x, &gate, detail::ptr(weight)})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return fk::gated_group_rms_norm(x, gate, weight, group_size, eps, activation,
+                                      transpose_out);
+    }
+    return apply(x, gate, weight, group_size, eps, activation, transpose_out)[0];
+  }
+};
+
 // --- llama4_rope: on fk::llama4_rope (the backward needs only freqs_cis) ---------------------
 
 class Llama4RopeFunction : public torch::autograd::Function<Llama4RopeFunction> {
@@ -1801,6 +1930,8 @@ inline void register_kernels(torch::Library& m) {
   m.impl("_fused_add_rms_norm_forward", &FusedAddRmsNormFunction::kernel);
   m.impl("rope", &RopeFunction::kernel);
   m.impl("rope_", &RopeFunction::in_place_kernel);
+  m.impl("qkv_split_norm_rope", &QkvSplitNormRopeFunction::kernel);
+  m.impl("gated_group_rms_norm", &GatedGroupRmsNormFunction::kernel);
   m.impl("llama4_rope", &Llama4RopeFunction::kernel);
   m.impl("qwen2vl_mrope", &Qwen2vlMropeFunction::kernel);
   m.impl("_swiglu_linear_forward", &SwigluLinearFunction::kernel);

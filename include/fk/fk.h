@@ -382,6 +382,46 @@ inline void rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at:
   op.call(q, k, cos, sin, rotary_dim, interleaved);
 }
 
+// Attention inputs from a fused QKV projection in one kernel: qkv (S, B, N) (input_layout
+// "sbh") or (B, S, N) ("bsh"), N = (num_heads + 2 * num_kv_heads) * head_dim, heads per kv
+// group [q heads..., k, v] (qkv_format "grouped", Megatron) or [q..., k..., v...] ("plain"),
+// split; q and k RMS-normalized per head with their weights (Hugging Face Qwen3 numerics;
+// none without a weight) and rotated as fk::rope does (rotate-half, the first rotary_dim
+// dims). Returns contiguous (q, k, v) as (B, S, H, D) (layout "bshd") or (B, H, S, D)
+// ("bhsd").
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_split_norm_rope(
+    const at::Tensor& qkv, const std::optional<at::Tensor>& q_norm_weight,
+    const std::optional<at::Tensor>& k_norm_weight, const at::Tensor& cos, const at::Tensor& sin,
+    int64_t num_heads, int64_t num_kv_heads, double eps = 1e-6,
+    std::optional<int64_t> rotary_dim = std::nullopt, c10::string_view layout = "bshd",
+    c10::string_view qkv_format = "grouped", c10::string_view input_layout = "sbh") {
+  static const auto op =
+      detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+          const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+          const at::Tensor&, const at::Tensor&, int64_t, int64_t, double,
+          std::optional<int64_t>, c10::string_view, c10::string_view, c10::string_view)>(
+          "fk::qkv_split_norm_rope");
+  return op.call(qkv, q_norm_weight, k_norm_weight, cos, sin, num_heads, num_kv_heads, eps,
+                 rotary_dim, layout, qkv_format, input_layout);
+}
+
+// Gated group RMSNorm (the output gate of linear-attention layers, Hugging Face
+// Qwen3NextRMSNormGated): round(weight * round(x_hat)) * act(gate) with x_hat the RMS-normalized
+// x over each group of group_size elements of the last dim, act = silu or sigmoid ("silu" |
+// "sigmoid") of the float32 gate. weight (N,) or (group_size,), or none. transpose_out: x
+// (B, S, H, D) -> y (S, B, H * D).
+inline at::Tensor gated_group_rms_norm(const at::Tensor& x, const at::Tensor& gate,
+                                       const std::optional<at::Tensor>& weight,
+                                       int64_t group_size, double eps = 1e-6,
+                                       c10::string_view activation = "silu",
+                                       bool transpose_out = false) {
+  static const auto op =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, int64_t, double, c10::string_view,
+                            bool)>("fk::gated_group_rms_norm");
+  return op.call(x, gate, weight, group_size, eps, activation, transpose_out);
+}
+
 // Llama 4's rotary embedding of q (B, S, Hq, D) and k (B, S, Hkv, D): each adjacent pair
 // (x[2i], x[2i+1]) read as a complex number times freqs_cis[..., s, i], in fp32. freqs_cis:
 // complex64 (S, D/2) or (1 or B, S, D/2), or its view_as_real (..., D/2, 2) in float32 or

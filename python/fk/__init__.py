@@ -24,6 +24,7 @@ from .ops.fp8_quantize import fp8_dequantize, fp8_quantize  # noqa: E402
 from .ops.fused_add_rms_norm import fused_add_rms_norm  # noqa: E402
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from .ops.fused_linear_jsd import fused_linear_jsd  # noqa: E402
+from .ops.gated_group_rms_norm import gated_group_rms_norm  # noqa: E402
 from .ops.geglu import geglu  # noqa: E402
 from .ops.group_norm import group_norm  # noqa: E402
 from .ops.jsd import jsd  # noqa: E402
@@ -34,6 +35,7 @@ from .ops.llama4_rope import llama4_rope  # noqa: E402
 from .ops.multi_tensor_norm import multi_tensor_count_zeros, multi_tensor_norm  # noqa: E402
 from .ops.neighborhood_attention import neighborhood_attention  # noqa: E402
 from .ops.poly_norm import poly_norm  # noqa: E402
+from .ops.qkv_split_norm_rope import qkv_split_norm_rope  # noqa: E402
 from .ops.qwen2vl_mrope import qwen2vl_mrope  # noqa: E402
 from .ops.rms_norm import rms_norm  # noqa: E402
 from .ops.rope import rope, rope_  # noqa: E402
@@ -59,12 +61,13 @@ cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
 __all__ = ["CrossEntropyOutput", "cross_entropy", "dyt", "fp8_dequantize", "fp8_linear",
            "fp8_quantize", "fused_add_rms_norm", "fused_linear_cross_entropy",
-           "fused_linear_jsd", "geglu", "group_norm", "jsd", "kl_div", "layer_norm",
-           "llama4_rope", "moe_permute", "moe_swiglu_fp8", "moe_swiglu_fp8_backward",
-           "moe_unpermute", "multi_tensor_count_zeros", "multi_tensor_norm",
-           "neighborhood_attention", "poly_norm", "qwen2vl_mrope", "rms_norm", "rope",
-           "rope_", "router_logits", "router_topk", "softmax", "sparsemax", "swiglu",
-           "swiglu_fp8", "swiglu_fp8_backward", "swiglu_linear", "tvd",
+           "fused_linear_jsd", "gated_group_rms_norm", "geglu", "group_norm", "jsd",
+           "kl_div", "layer_norm", "llama4_rope", "moe_permute", "moe_swiglu_fp8",
+           "moe_swiglu_fp8_backward", "moe_unpermute", "multi_tensor_count_zeros",
+           "multi_tensor_norm", "neighborhood_attention", "poly_norm",
+           "qkv_split_norm_rope", "qwen2vl_mrope", "rms_norm", "rope", "rope_",
+           "router_logits", "router_topk", "softmax", "sparsemax", "swiglu",
+           "swiglu_fp8", "swiglu_fp8_backward", "swiglu_linear", "tvd"]
            "vocab_parallel_cross_entropy", "vocab_parallel_fused_linear_cross_entropy",
            "build_info", "cmake_prefix_path", "nn"]
 

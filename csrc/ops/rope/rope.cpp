@@ -129,6 +129,17 @@ Tensor rope_cos_3d(const Tensor& cos) {
   return cos;
 }
 
+std::pair<Tensor, Tensor> rope_tables_3d(const Tensor& cos, const Tensor& sin) {
+  auto c = rope_cos_3d(cos), s = rope_cos_3d(sin);
+  if (c.stride(-1) != 1) c = aten::contiguous(c);
+  if (s.stride(-1) != 1) s = aten::contiguous(s);
+  if (!(strides_of(c).sizes == strides_of(s).sizes)) {
+    c = aten::contiguous(c);
+    s = aten::contiguous(s);
+  }
+  return {c, s};
+}
+
 int64_t rope_rotary_dim(const Tensor& cos, std::optional<int64_t> rotary_dim) {
   return rotary_dim.value_or(cos.size(-1));
 }

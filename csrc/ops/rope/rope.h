@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <utility>
 
 #include "runtime/tensor.h"
 
@@ -31,6 +32,10 @@ Tensor rope_out_like(const Tensor& x);
 
 // cos / sin as (1 or B, S, W) views.
 Tensor rope_cos_3d(const Tensor& cos);
+
+// cos / sin as (1 or B, S, W) views (rope_cos_3d) with a contiguous last dim and the same
+// strides, for kernels that take one set of cos / sin strides; copied only where needed.
+std::pair<Tensor, Tensor> rope_tables_3d(const Tensor& cos, const Tensor& sin);
 
 // Rotary dim: rotary_dim, or cos's last dim when it is not given.
 int64_t rope_rotary_dim(const Tensor& cos, std::optional<int64_t> rotary_dim);

@@ -29,11 +29,6 @@ Tensor last_dim_contiguous(const Tensor& t) {
   return t.stride(-1) == 1 ? t : aten::contiguous(t);
 }
 
-Shape strides_vec(const Tensor& t) {
-  auto s = t.strides();
-  return Shape(s.begin(), s.end());
-}
-
 // Launches the rotation of (q, k) into (qo, ko); qo / ko may be q / k (in place, then
 // `rotate_only` skips the pass-through dims).
 void launch_rope(const char* op, const Tensor& q, const Tensor& k, const Tensor& qo,
@@ -43,11 +38,7 @@ void launch_rope(const char* op, const Tensor& q, const Tensor& k, const Tensor&
   const int64_t b = q.size(0), hq = q.size(1), hkv = k.size(1), s = q.size(2), d = q.size(3);
   if (b * s * (hq + hkv) == 0) return;
   const int64_t r = rope_rotary_dim(cos, rotary_dim), half = r / 2;
-  auto c = last_dim_contiguous(rope_cos_3d(cos)), sn = last_dim_contiguous(rope_cos_3d(sin));
-  if (strides_vec(c) != strides_vec(sn)) {  // the kernel takes one set of cos / sin strides
-    c = aten::contiguous(c);
-    sn = aten::contiguous(sn);
-  }
+  auto [c, sn] = rope_tables_3d(cos, sin);  // the kernel takes one set of cos / sin strides
   const int64_t cos_sb = c.size(0) == 1 ? 0 : c.stride(0);
   const int64_t cos_ss = c.size(1) == 1 ? 0 : c.stride(1);
   const int64_t width = c.size(2);

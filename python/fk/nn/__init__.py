@@ -13,6 +13,7 @@ from .layer_norm import LayerNorm
 from .neighborhood_attention import NeighborhoodAttention
 from .poly_norm import PolyNorm
 from .rms_norm import RMSNorm
+from .rms_norm_gated import RMSNormGated
 from .softmax import Softmax
 from .sparsemax import Sparsemax
 from .swiglu import SwiGLUMLP
@@ -23,5 +24,5 @@ from .tvd import TVDLoss
 __all__ = ["CrossEntropyLoss", "DyT", "FP8Linear", "convert_to_fp8_linear", "FusedAddRMSNorm",
            "FusedLinearCrossEntropyLoss",
            "FusedLinearJSD", "GEGLUMLP", "GroupNorm", "JSD", "KLDivLoss", "LayerNorm",
-           "NeighborhoodAttention", "PolyNorm", "RMSNorm", "Softmax", "Sparsemax", "SwiGLUMLP",
+           "NeighborhoodAttention", "PolyNorm", "RMSNorm", "RMSNormGated", "Softmax", "Sparsemax", "SwiGLUMLP",
            "FusedSwiGLU", "FusedSwiGLUMLP", "TVDLoss", "TiledSwiGLUMLP", "TiledGEGLUMLP"]

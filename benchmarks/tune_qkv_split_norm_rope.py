@@ -1,0 +1,78 @@
+"""Sweep launch configurations of the qkv_split_norm_rope kernels with Triton's JIT (tuning
+only; the library uses the AOT variants in triton_src/qkv_split_norm_rope.py). At one shape
+(Megatron's grouped (S, B, N) qkv, both norm weights, full rotary, bshd outputs) it times the
+forward over tiles of BT tokens x BH heads and warps, and the backward over the same and the
+persistent programs per multiprocessor, so the best ones can be written into
+triton_src/qkv_split_norm_rope.py (TILES) and the CUDA dispatch as data.
+
+    python benchmarks/tune_qkv_split_norm_rope.py [--tokens 8192] [--heads 32] [--kv-heads 4]
+                                                  [--head-dim 128] [--top 8]
+"""
+import argparse
+import itertools
+import os
+import sys
+
+import torch
+import triton
+import triton.testing
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "triton_src"))
+import qkv_split_norm_rope as K  # noqa: E402
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--top", type=int, default=8)
+    args = ap.parse_args()
+    t, hq, hkv, d = args.tokens, args.heads, args.kv_heads, args.head_dim
+    dt = torch.bfloat16
+    n = (hq + 2 * hkv) * d
+    qkv = torch.randn(t, 1, n, device="cuda", dtype=dt)
+    qw = torch.rand(d, device="cuda", dtype=dt) + 0.5
+    kw = torch.rand(d, device="cuda", dtype=dt) + 0.5
+    cos, sin = torch.randn(t, d, device="cuda", dtype=dt), torch.randn(t, d, device="cuda", dtype=dt)
+    outs = [torch.empty(1, t, h, d, device="cuda", dtype=dt) for h in (hq, hkv, hkv)]
+    grads = [torch.randn_like(o) for o in outs]
+    dqkv = torch.empty_like(qkv)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    parts = [torch.empty(8 * sms, d, device="cuda") for _ in range(2)]
+    half = d // 2
+    hb = triton.next_power_of_2(half)
+    mode = (K.GROUPED.value | K.TOKENS_SB.value | K.HAS_QW.value | K.HAS_KW.value)
+    common = (qkv.stride(1), qkv.stride(0), 0, cos.stride(0), 1, t, hq, hkv, d, half, half,
+              mode, 1e-6)
+    fwd_bytes = 2 * t * n * 2
+    bwd_bytes = 3 * t * n * 2
+    results = {"fwd": [], "bwd": []}
+    for bt, bh, warps in itertools.product((2, 4, 8, 16, 32), (1, 2, 4, 8), (2, 4, 8)):
+        if bt * bh * hb > 16384:
+            continue
+        tiles = triton.cdiv(t, bt) * (triton.cdiv(hq, bh) + 2 * triton.cdiv(hkv, bh))
+        ms = bench(lambda: K.qkv_split_norm_rope_fwd_kernel[(tiles,)](
+            qkv, qw, kw, cos, sin, *outs, *common, HB=hb, BT=bt, BH=bh, num_warps=warps))
+        results["fwd"].append((ms, bt, bh, warps, 0))
+        for per_sm in (1, 2, 4, 8):
+            progs = min(tiles, per_sm * sms)
+            ms = bench(lambda: K.qkv_split_norm_rope_bwd_kernel[(progs,)](
+                *grads, qkv, qw, kw, cos, sin, dqkv, *parts, *common, HB=hb, BT=bt, BH=bh,
+                num_warps=warps))
+            results["bwd"].append((ms, bt, bh, warps, per_sm))
+    name = torch.cuda.get_device_name(0)
+    for kind, nbytes in (("fwd", fwd_bytes), ("bwd", bwd_bytes)):
+        print(f"{kind}: tokens {t}, heads {hq} + 2 x {hkv}, head_dim {d}, bf16, {name}")
+        for ms, bt, bh, warps, per_sm in sorted(results[kind])[:args.top]:
+            print(f"  {ms * 1e3:8.1f} us  {nbytes / ms / 1e9:7.0f} GB/s  BT {bt:2d} BH {bh} "
+                  f"warps {warps}" + (f" programs/SM {per_sm}" if per_sm else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,313 @@
+"""Split of a fused QKV projection, per-head RMSNorm of q and k (qk-norm), rotate-half RoPE
+and the transpose to the attention layout, in one pass over the projection.
+
+Input: qkv, one row of (Hq + 2 Hkv) * D elements per token (last dim contiguous), at
+``b * in_sb + s * in_ss``. Heads within a row (``GROUPED`` flag):
+  grouped (Megatron): Hkv groups of [R = Hq / Hkv q heads, k, v];
+  plain:              [q heads..., k heads..., v heads...].
+Outputs q (Hq heads), k, v (Hkv heads), contiguous, as (B, S, H, D) or, with the
+``OUT_BHSD`` flag, (B, H, S, D). Tokens t = s * B + b when the input is (S, B, ...)
+(``TOKENS_SB``), else t = b * S + s.
+
+q and k rows (``HAS_QW`` / ``HAS_KW``: with a norm weight; without, the row is not
+normalized): n = round(round(x * rstd) * w), rstd = 1 / sqrt(mean(x^2) + eps) in fp32 (Hugging
+Face's Qwen3 / OLMo 2 RMSNorm: the normalized row cast to the input dtype, times the weight
+in the input dtype); then the rotation of fk.rope (triton_src/rope.py) on the first
+2 * half dims, pairs (i, i + half), in fp32 and rounded once:
+    o1 = n1 * c1 - n2 * s1,  o2 = n2 * c2 + n1 * s2,
+with c2 / s2 at ``c2_off`` past c1 / s1 (half for cos of width rotary_dim, 0 for cos of width
+rotary_dim / 2). Dims 2 * half .. D pass through (normalized). v rows are copied.
+
+Backward: dn = the transposed rotation of the output gradient (d1 = g1 c1 + g2 s2,
+d2 = g2 c2 - g1 s1), then the RMSNorm backward with rstd recomputed from the saved qkv:
+dx = rstd * (dn w - x_hat * mean(dn w x_hat)); dw partials sum dn * round(x_hat) in fp32 per
+program (one row of (programs, D) per weight, summed by rms_norm_dw). v rows copy their
+gradient. Every element of dqkv is written.
+
+Work split: a tile is BT tokens by BH heads of one kind (q, k or v), tiles ordered
+[token block][q head blocks..., k head blocks..., v head blocks...] (heads fastest: input
+memory order). The forward runs one tile per program, the backward a persistent grid. Rows
+are read in chunks of HB columns (the two rotating halves, then the pass-through dims).
+Offsets are int64.
+"""
+import triton
+import triton.language as tl
+
+from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args, rms_normalize, round_to
+
+FLAG_COS_FP32 = 2  # cos / sin are float32 (otherwise they have qkv's dtype)
+
+# Bits of the run-time ``mode`` argument (csrc/ops/qkv_split_norm_rope/*_cuda.cpp); ``.value``
+# gives the int.
+GROUPED = tl.constexpr(1)
+TOKENS_SB = tl.constexpr(2)
+OUT_BHSD = tl.constexpr(4)
+HAS_QW = tl.constexpr(8)
+HAS_KW = tl.constexpr(16)
+
+
+@triton.jit
+def _tile(tile, B, S, Hq, Hkv, D, in_sb, in_ss, mode, BT: tl.constexpr, BH: tl.constexpr):
+    """Tile ``tile``'s kind (0 q, 1 k, 2 v), input row offsets, output row offsets (in
+    elements, [BT, BH]), row mask, token positions (b, s) and token mask [BT]."""
+    nqb = tl.cdiv(Hq, BH)
+    nkb = tl.cdiv(Hkv, BH)
+    nblk = nqb + 2 * nkb
+    tb = tile // nblk
+    blk = tile % nblk
+    kind = tl.where(blk < nqb, 0, tl.where(blk < nqb + nkb, 1, 2))
+    hb = blk - tl.where(kind == 0, 0, tl.where(kind == 1, nqb, nqb + nkb))
+    t = tb * BT + tl.arange(0, BT)
+    tmask = t < B * S
+    if (mode & TOKENS_SB) != 0:
+        s = t // B
+        b = t % B
+    else:
+        b = t // S
+        s = t % S
+    h = hb * BH + tl.arange(0, BH)
+    nh = tl.where(kind == 0, Hq, Hkv)
+    mask = tmask[:, None] & (h < nh)[None, :]
+    r = Hq // Hkv
+    if (mode & GROUPED) != 0:
+        src = tl.where(kind == 0, (h // r) * (r + 2) + h % r, h * (r + 2) + r + (kind - 1))
+    else:
+        src = tl.where(kind == 0, h, Hq + (kind - 1) * Hkv + h)
+    b64 = b.to(tl.int64)[:, None]
+    s64 = s.to(tl.int64)[:, None]
+    h64 = h.to(tl.int64)[None, :]
+    in_rows = b64 * in_sb + s64 * in_ss + src.to(tl.int64)[None, :] * D
+    if (mode & OUT_BHSD) != 0:
+        out_rows = ((b64 * nh + h64) * S + s64) * D
+    else:
+        out_rows = ((b64 * S + s64) * nh + h64) * D
+    return kind, in_rows, out_rows, mask, b, s, tmask
+
+
+@triton.jit
+def _cos_sin(cos_ptr, sin_ptr, b, s, cos_sb, cos_ss, half, c2_off, tmask,
+             HB: tl.constexpr):
+    """c1, c2, s1, s2 [BT, 1, HB] in fp32 for pairs 0 .. HB of tokens (b, s)."""
+    rows = b.to(tl.int64) * cos_sb + s.to(tl.int64) * cos_ss
+    pairs = tl.arange(0, HB)
+    m = tmask[:, None] & (pairs < half)[None, :]
+    at = rows[:, None] + pairs[None, :]
+    c1 = tl.load(cos_ptr + at, mask=m, other=0.0).to(tl.float32)[:, None, :]
+    c2 = tl.load(cos_ptr + at + c2_off, mask=m, other=0.0).to(tl.float32)[:, None, :]
+    s1 = tl.load(sin_ptr + at, mask=m, other=0.0).to(tl.float32)[:, None, :]
+    s2 = tl.load(sin_ptr + at + c2_off, mask=m, other=0.0).to(tl.float32)[:, None, :]
+    return c1, c2, s1, s2
+
+
+@triton.jit
+def _chunk(ptr, rows, mask, c0, end, HB: tl.constexpr):
+    """Columns c0 .. c0 + HB (below ``end``) of rows [BT, BH]: (pointers, mask, fp32 values)."""
+    cols = c0 + tl.arange(0, HB)
+    m = mask[:, :, None] & (cols < end)[None, None, :]
+    p = ptr + rows[:, :, None] + cols[None, None, :]
+    return p, m, tl.load(p, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _weight(w_ptr, c0, end, HB: tl.constexpr):
+    cols = c0 + tl.arange(0, HB)
+    return tl.load(w_ptr + cols, mask=cols < end, other=0.0).to(tl.float32)[None, None, :]
+
+
+@triton.jit
+def _normed(x, rstd, w_ptr, c0, end, do_norm, dtype, HB: tl.constexpr):
+    """round(round(x * rstd) * w) in fp32 (x itself when do_norm is 0)."""
+    if do_norm != 0:
+        x = round_to(rms_normalize(x, rstd, 1, dtype) * _weight(w_ptr, c0, end, HB), dtype)
+    return x
+
+
+@triton.jit
+def _copy_rows(src_ptr, src_rows, dst_ptr, dst_rows, mask, D, HB: tl.constexpr):
+    for c0 in range(0, D, HB):
+        cols = c0 + tl.arange(0, HB)
+        m = mask[:, :, None] & (cols < D)[None, None, :]
+        x = tl.load(src_ptr + src_rows[:, :, None] + cols[None, None, :], mask=m)
+        tl.store(dst_ptr + dst_rows[:, :, None] + cols[None, None, :], x, mask=m)
+
+
+@triton.jit
+def qkv_split_norm_rope_fwd_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
+                                   vo_ptr, in_sb, in_ss, cos_sb, cos_ss, B, S, Hq, Hkv, D,
+                                   half, c2_off, mode, eps, HB: tl.constexpr,
+                                   BT: tl.constexpr, BH: tl.constexpr):
+    dtype = qo_ptr.dtype.element_ty
+    kind, in_rows, out_rows, mask, b, s, tmask = _tile(tl.program_id(0), B, S, Hq, Hkv, D, in_sb, in_ss,
+                                                mode, BT, BH)
+    out_ptr = tl.where(kind == 0, qo_ptr, tl.where(kind == 1, ko_ptr, vo_ptr))
+    if kind == 2:
+        _copy_rows(qkv_ptr, in_rows, out_ptr, out_rows, mask, D, HB)
+    else:
+        rot = 2 * half
+        w_ptr = tl.where(kind == 0, qw_ptr, kw_ptr)
+        do_norm = tl.where(kind == 0, mode & HAS_QW, mode & HAS_KW)
+        _p1, m1, x1 = _chunk(qkv_ptr, in_rows, mask, 0, half, HB)
+        _p2, m2, x2 = _chunk(qkv_ptr, in_rows + half, mask, 0, half, HB)
+        rstd = tl.zeros((BT, BH), dtype=tl.float32)
+        if do_norm != 0:
+            ss = tl.sum(x1 * x1 + x2 * x2, axis=2)
+            for c0 in range(rot, D, HB):
+                _p, _m, x = _chunk(qkv_ptr, in_rows, mask, c0, D, HB)
+                ss += tl.sum(x * x, axis=2)
+            rstd = 1.0 / tl.sqrt(ss / D + eps)
+        rstd = rstd[:, :, None]
+        n1 = _normed(x1, rstd, w_ptr, 0, half, do_norm, dtype, HB)
+        n2 = _normed(x2, rstd, w_ptr + half, 0, half, do_norm, dtype, HB)
+        c1, c2, s1, s2 = _cos_sin(cos_ptr, sin_ptr, b, s, cos_sb, cos_ss, half, c2_off,
+                                  tmask, HB)
+        o1 = n1 * c1 - n2 * s1
+        o2 = n2 * c2 + n1 * s2
+        cols = tl.arange(0, HB)[None, None, :]
+        tl.store(out_ptr + out_rows[:, :, None] + cols, o1.to(dtype), mask=m1)
+        tl.store(out_ptr + out_rows[:, :, None] + half + cols, o2.to(dtype), mask=m2)
+        for c0 in range(rot, D, HB):
+            _p, m, x = _chunk(qkv_ptr, in_rows, mask, c0, D, HB)
+            n = _normed(x, rstd, w_ptr, c0, D, do_norm, dtype, HB)
+            tl.store(out_ptr + out_rows[:, :, None] + c0 + cols, n.to(dtype), mask=m)
+
+
+@triton.jit
+def qkv_split_norm_rope_bwd_kernel(dqo_ptr, dko_ptr, dvo_ptr, qkv_ptr, qw_ptr, kw_ptr, cos_ptr,
+                                   sin_ptr, dqkv_ptr, dqw_ptr, dkw_ptr, in_sb, in_ss, cos_sb,
+                                   cos_ss, B, S, Hq, Hkv, D, half, c2_off, mode, eps,
+                                   HB: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
+    """Persistent: program p walks tiles p, p + P, ...; its fp32 dw partials go to row p of
+    dqw_ptr / dkw_ptr ((P, D) each, written whenever the weight exists)."""
+    dtype = dqkv_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    ntiles = tl.cdiv(B * S, BT) * (tl.cdiv(Hq, BH) + 2 * tl.cdiv(Hkv, BH))
+    rot = 2 * half
+    cols = tl.arange(0, HB)
+    # Partials of the rotating halves stay in registers; those of the pass-through dims
+    # (D > rotary_dim) accumulate in the program's own row in memory.
+    aq1 = tl.zeros((HB,), dtype=tl.float32)
+    aq2 = tl.zeros((HB,), dtype=tl.float32)
+    ak1 = tl.zeros((HB,), dtype=tl.float32)
+    ak2 = tl.zeros((HB,), dtype=tl.float32)
+    dqw_row = dqw_ptr + pid.to(tl.int64) * D
+    dkw_row = dkw_ptr + pid.to(tl.int64) * D
+    for c0 in range(rot, D, HB):
+        pc = c0 + cols
+        tl.store(dqw_row + pc, tl.zeros((HB,), dtype=tl.float32),
+                 mask=(pc < D) & ((mode & HAS_QW) != 0))
+        tl.store(dkw_row + pc, tl.zeros((HB,), dtype=tl.float32),
+                 mask=(pc < D) & ((mode & HAS_KW) != 0))
+    for tile in range(pid, ntiles, nprog):
+        kind, in_rows, out_rows, mask, b, s, tmask = _tile(tile, B, S, Hq, Hkv, D, in_sb, in_ss, mode,
+                                                    BT, BH)
+        if kind == 2:
+            _copy_rows(dvo_ptr, out_rows, dqkv_ptr, in_rows, mask, D, HB)
+        else:
+            g_ptr = tl.where(kind == 0, dqo_ptr, dko_ptr)
+            w_ptr = tl.where(kind == 0, qw_ptr, kw_ptr)
+            do_norm = tl.where(kind == 0, mode & HAS_QW, mode & HAS_KW)
+            _p, m1, g1 = _chunk(g_ptr, out_rows, mask, 0, half, HB)
+            _p, m2, g2 = _chunk(g_ptr, out_rows + half, mask, 0, half, HB)
+            c1, c2, s1, s2 = _cos_sin(cos_ptr, sin_ptr, b, s, cos_sb, cos_ss, half, c2_off,
+                                      tmask, HB)
+            # The gradient of the normalized row: the transposed rotation.
+            d1 = g1 * c1 + g2 * s2
+            d2 = g2 * c2 - g1 * s1
+            dst = dqkv_ptr + in_rows[:, :, None] + cols[None, None, :]
+            if do_norm != 0:
+                _p, _m, x1 = _chunk(qkv_ptr, in_rows, mask, 0, half, HB)
+                _p, _m, x2 = _chunk(qkv_ptr, in_rows + half, mask, 0, half, HB)
+                w1 = _weight(w_ptr, 0, half, HB)
+                w2 = _weight(w_ptr + half, 0, half, HB)
+                ss = tl.sum(x1 * x1 + x2 * x2, axis=2)
+                dot = tl.sum(d1 * w1 * x1 + d2 * w2 * x2, axis=2)
+                for c0 in range(rot, D, HB):
+                    _p, _m, x = _chunk(qkv_ptr, in_rows, mask, c0, D, HB)
+                    _p, _m, g = _chunk(g_ptr, out_rows, mask, c0, D, HB)
+                    ss += tl.sum(x * x, axis=2)
+                    dot += tl.sum(g * _weight(w_ptr, c0, D, HB) * x, axis=2)
+                rstd = 1.0 / tl.sqrt(ss / D + eps)
+                # mean(dn w x_hat) = rstd * mean(dn w x)
+                c = (dot * rstd / D)[:, :, None]
+                r3 = rstd[:, :, None]
+                tl.store(dst, (r3 * (d1 * w1 - x1 * r3 * c)).to(dtype), mask=m1)
+                tl.store(dst + half, (r3 * (d2 * w2 - x2 * r3 * c)).to(dtype), mask=m2)
+                p1 = tl.sum(tl.sum(d1 * rms_normalize(x1, r3, 1, dtype), axis=1), axis=0)
+                p2 = tl.sum(tl.sum(d2 * rms_normalize(x2, r3, 1, dtype), axis=1), axis=0)
+                is_q = kind == 0
+                aq1 += tl.where(is_q, p1, 0.0)
+                aq2 += tl.where(is_q, p2, 0.0)
+                ak1 += tl.where(is_q, 0.0, p1)
+                ak2 += tl.where(is_q, 0.0, p2)
+                dw_row = tl.where(is_q, dqw_row, dkw_row)
+                for c0 in range(rot, D, HB):
+                    _p, m, x = _chunk(qkv_ptr, in_rows, mask, c0, D, HB)
+                    _p, _m, g = _chunk(g_ptr, out_rows, mask, c0, D, HB)
+                    w = _weight(w_ptr, c0, D, HB)
+                    tl.store(dst + c0, (r3 * (g * w - x * r3 * c)).to(dtype), mask=m)
+                    pc = c0 + cols
+                    part = tl.sum(tl.sum(g * rms_normalize(x, r3, 1, dtype), axis=1), axis=0)
+                    acc = tl.load(dw_row + pc, mask=pc < D, other=0.0)
+                    tl.store(dw_row + pc, acc + part, mask=pc < D)
+            else:
+                tl.store(dst, d1.to(dtype), mask=m1)
+                tl.store(dst + half, d2.to(dtype), mask=m2)
+                for c0 in range(rot, D, HB):
+                    _p, m, g = _chunk(g_ptr, out_rows, mask, c0, D, HB)
+                    tl.store(dst + c0, g.to(dtype), mask=m)
+    tl.store(dqw_row + cols, aq1, mask=(cols < half) & ((mode & HAS_QW) != 0))
+    tl.store(dqw_row + half + cols, aq2, mask=(cols < half) & ((mode & HAS_QW) != 0))
+    tl.store(dkw_row + cols, ak1, mask=(cols < half) & ((mode & HAS_KW) != 0))
+    tl.store(dkw_row + half + cols, ak2, mask=(cols < half) & ((mode & HAS_KW) != 0))
+
+
+FWD_ARGS = ("qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr", "vo_ptr",
+            "in_sb", "in_ss", "cos_sb", "cos_ss", "B", "S", "Hq", "Hkv", "D", "half", "c2_off",
+            "mode", "eps")
+BWD_ARGS = ("dqo_ptr", "dko_ptr", "dvo_ptr", "qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr",
+            "sin_ptr", "dqkv_ptr", "dqw_ptr", "dkw_ptr", "in_sb", "in_ss", "cos_sb", "cos_ss",
+            "B", "S", "Hq", "Hkv", "D", "half", "c2_off", "mode", "eps")
+_TYPES = {"in_sb": "i64", "in_ss": "i64", "cos_sb": "i64", "cos_ss": "i64", "eps": "fp32",
+          "dqw_ptr": "*fp32", "dkw_ptr": "*fp32"}
+# Divisible by 16 in the aligned variants (with every pointer).
+_ALIGNED = ("in_sb", "in_ss", "cos_sb", "cos_ss", "D", "half")
+
+# Per half block HB (the smallest power of 2 >= rotary_dim / 2): (BT tokens, BH heads,
+# warps). A tile is BT * BH rows of 2 * HB elements: 4096 elements, as fk.rope's tiles.
+TILES = {16: (32, 4, 4), 32: (16, 4, 4), 64: (8, 4, 4), 128: (4, 4, 4)}
+
+
+def _cos_dtypes(dt):
+    return (dt,) if dt == "fp32" else (dt, "fp32")
+
+
+def variants(arch: int) -> list:
+    out = []
+    for family, kernel, args in (("qkv_split_norm_rope_fwd", "qkv_split_norm_rope_fwd_kernel",
+                                  FWD_ARGS),
+                                 ("qkv_split_norm_rope_bwd", "qkv_split_norm_rope_bwd_kernel",
+                                  BWD_ARGS)):
+        for dt in DTYPES:
+            for cos_dt in _cos_dtypes(dt):
+                for aligned in (0, FLAG_ALIGNED):
+                    flags = aligned | (FLAG_COS_FP32 if cos_dt != dt else 0)
+                    for hb, (bt, bh, warps) in TILES.items():
+                        sig = {}
+                        for a in args:
+                            if a in _TYPES:
+                                sig[a] = _TYPES[a]
+                            elif a in ("cos_ptr", "sin_ptr"):
+                                sig[a] = f"*{cos_dt}"
+                            elif a.endswith("_ptr"):
+                                sig[a] = f"*{dt}"
+                            else:
+                                sig[a] = "i32"
+                        cx = {"HB": hb, "BT": bt, "BH": bh}
+                        sig.update({c: "constexpr" for c in cx})
+                        out.append(Variant(family=family, kernel=kernel, dtype=dt, block=hb,
+                                           signature=sig, constexprs=cx, num_warps=warps,
+                                           flags=flags,
+                                           divisible_by_16=aligned_args(sig, aligned,
+                                                                        _ALIGNED)))
+    return out
