@@ -160,9 +160,11 @@ def main():
     run()
     dx_ref, g_ref = dx.clone(), grads(part, programs, col_blocks)
     for form in (0,) + tanh_forms:
-        tol = 0.0 if form != 2 else 2.0 ** -8  # the approximate tanh: about a bf16 ulp
+        # a bf16 rounding apart at most (an absolute 1e-5 where y cancels to near 0); the
+        # approximate tanh: its 2^-11 relative error on top
         fwd(*lib_fwd, form=form)()
-        T.check(f"forward TANH={form}", y, y_ref, atol=tol, rtol=tol if form == 2 else 2 ** -7)
+        T.check(f"forward TANH={form}", y, y_ref, atol=1e-5 if form != 2 else 4e-3,
+                rtol=2 ** -7)
         run, part, programs, col_blocks = bwd(*lib_bwd, 4, form=form)
         run()
         T.check(f"backward TANH={form} dx", dx, dx_ref, atol=1e-2 if form == 2 else 1e-6,
