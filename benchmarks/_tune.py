@@ -12,6 +12,7 @@ import sys
 
 import torch
 import triton
+import triton.language as tl
 import triton.testing
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "triton_src"))
@@ -89,3 +90,23 @@ def check(name, got, want, atol, rtol=0.0):
             raise AssertionError(f"{name}: differs at {i}: {g[tuple(i)].item()} against "
                                  f"{w[tuple(i)].item()}")
     print(f"check {name}: max |diff| {worst:.3g}", flush=True)
+
+
+@triton.jit
+def exp2_poly(v):
+    """2^v in fp32 on the FMA pipe (no MUFU): v clamped to [-127, 127], 2^floor(v) built
+    from the exponent bits (0 for floor(v) = -127), 2^frac by a degree-6 least-squares fit
+    on [0, 1) (relative error about 1e-8 with fp32 coefficients; the evaluation rounds a few
+    ulps more). Not for values below 2^-126 (no subnormals): 2^v flushes to 0 there."""
+    v = tl.minimum(tl.maximum(v, -127.0), 127.0)
+    k = tl.floor(v)
+    f = v - k
+    p = 0.00021690608991775662
+    p = p * f + 0.0012443081941455603
+    p = p * f + 0.009678472764790058
+    p = p * f + 0.05548352375626564
+    p = p * f + 0.2402298003435135
+    p = p * f + 0.6931470036506653
+    p = p * f + 1.0
+    scale = ((k.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+    return p * scale

@@ -8,10 +8,15 @@ backward (x, dy read, dx written; the parameter-gradient reduction timed apart) 
     TRITON_INTERPRET=1 python benchmarks/tune_dyt.py --device cpu --rows 40 --hidden 300
 
 Candidate tanh forms (TANH), each checked against the library kernels' outputs first:
-  0  the library's: 1 - 2 / (2^(2 u log2 e) + 1) with an IEEE division.
-  1  the same with an approximate division (div.full.f32, 2 ulp): no division sequence.
-  2  tanh.approx.f32 (PTX, GPU only; relative error about 2^-11, fine for a bf16 output,
-     not for fp32).
+  0  the library's: 1 - 2 / (2^(2 u log2 e) + 1) (Triton's fp32 division is div.full.f32,
+     an rcp.approx and a multiply): two MUFU operations an element.
+  1  the same with 2^v by _tune.exp2_poly on the FMA pipe: one MUFU operation (the rcp)
+     an element; 2^v about 1e-8 relative apart from ex2.approx, so y a bf16 rounding
+     apart at most.
+  2  tanh.approx.f32 (PTX, GPU only): one MUFU operation; relative error about 2^-11, fine
+     for a bf16 output, not for fp32.
+MUFU runs at 16 operations a clock per multiprocessor (sm_90): at two an element the
+forward's tanh needs about 40 % of the time its 4 bytes an element take to move.
 """
 import argparse
 
@@ -29,7 +34,7 @@ def _tanh_form(u, TANH: tl.constexpr):
         return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [u],
                                          dtype=tl.float32, is_pure=True, pack=1)
     elif TANH == 1:
-        return 1.0 - tl.fdiv(2.0, tl.exp2(u * (2.0 * K.LOG2E)) + 1.0, ieee_rounding=False)
+        return 1.0 - 2.0 / (T.exp2_poly(u * (2.0 * K.LOG2E)) + 1.0)
     else:
         return K._tanh(u)
 

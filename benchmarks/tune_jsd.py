@@ -17,6 +17,10 @@ for beta in (0, 1) and the two KL limits, with ignored rows):
   poly      exp2-asm with the logarithm (its argument w_s + w_o e in [min(beta, 1 - beta),
             1]) as a bit split and a polynomial on the FMA pipe: two MUFU operations an
             element instead of three.
+  poly2     poly with the exponential of min - max also on the FMA pipe
+            (_tune.exp2_poly): one MUFU operation an element.
+MUFU runs at 16 operations a clock per multiprocessor (sm_90); the library's logarithm is
+libdevice's (no MUFU, but many instructions): --sass shows both counts.
 --sass (no GPU needed) compiles each form for sm_90 and counts its MUFU / FMA-pipe
 instructions.
 """
@@ -90,7 +94,9 @@ def jsd_fwd_exp2_kernel(x_ptr, y_ptr, grad_ptr, labels_ptr, count_ptr, partial_p
     lg2.approx.ftz (2 ulp; results below 2^-126 flush to 0, so q or p under 1e-38 is 0).
     POLY: the logarithm by _lg2_poly (FMA pipe; its argument w_s + w_o e lies in
     [min(beta, 1 - beta), 1], always normal), relative error a few 1e-8 against
-    lg2.approx's 2 ulp."""
+    lg2.approx's 2 ulp. POLY == 2: also e = 2^(min - s) by _tune.exp2_poly (relative error
+    about 1e-8; 0 where min - s < -126 instead of a subnormal): one MUFU operation an
+    element."""
     dtype = grad_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     row = pid // n_chunks
@@ -125,10 +131,13 @@ def jsd_fwd_exp2_kernel(x_ptr, y_ptr, grad_ptr, labels_ptr, count_ptr, partial_p
             else:
                 y_big = v >= u
                 s = tl.maximum(u, v)
-                e = _ex2(tl.minimum(u, v) - s, ASM)
+                if POLY == 2:
+                    e = T.exp2_poly(tl.minimum(u, v) - s)
+                else:
+                    e = _ex2(tl.minimum(u, v) - s, ASM)
                 es = _ex2(s, ASM)
                 w_s = tl.where(y_big, beta, 1.0 - beta)
-                if POLY:
+                if POLY != 0:
                     lm = s + _lg2_poly(w_s + (1.0 - w_s) * e)
                 else:
                     lm = s + _lg2(w_s + (1.0 - w_s) * e, ASM)
@@ -152,10 +161,12 @@ def jsd_fwd_exp2_kernel(x_ptr, y_ptr, grad_ptr, labels_ptr, count_ptr, partial_p
 
 FORMS = {  # name: (ASM, POLY); None: the library kernel
     "library": None,
-    "exp2": (False, False),
-    "exp2-asm": (True, False),
-    "poly": (True, True),
-    "poly-noasm": (False, True),  # the interpreter's form of poly
+    "exp2": (False, 0),
+    "exp2-asm": (True, 0),
+    "poly": (True, 1),
+    "poly2": (True, 2),
+    "poly-noasm": (False, 1),  # the interpreter's forms of poly and poly2
+    "poly2-noasm": (False, 2),
 }
 
 
@@ -217,8 +228,11 @@ def check_forms(forms, dtype, device, block, chunk, warps):
 
 def sass_counts(forms, dtype_name, block, warps):
     """Compile each form for sm_90 (no GPU needed) and count the SASS instructions of the
-    whole kernel and its MUFU ones (ex2 / lg2 / rcp); the loop body holds BLOCK / (32 warps)
-    elements a thread, unrolled."""
+    whole kernel and its MUFU ones (ex2 / lg2 / rcp). mode is a runtime argument, so the
+    counts hold all three branches (modes 1 and 2: one ex2 an element each); each loop body
+    holds BLOCK / (32 warps) elements a thread, unrolled. At the library's bf16
+    configuration (16 elements a thread) the base counts are 16 + 16 ex2 for modes 1 / 2
+    and a few rcp; the rest is mode 0's."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     dt = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}[dtype_name]
@@ -252,12 +266,13 @@ def main():
     dtype, esz = DTYPES[args.dtype], DTYPES[args.dtype].itemsize
     lib_block, lib_chunk, lib_warps = K._FWD[esz]
     if args.sass:
-        sass_counts([f for f in FORMS if f not in ("library", "poly-noasm")], args.dtype,
+        sass_counts([f for f in FORMS if f != "library" and "noasm" not in f], args.dtype,
                     lib_block, lib_warps)
         return
     cpu = args.device != "cuda"
     T.setup(args.device)
-    forms = ["exp2", "poly-noasm"] if cpu else ["exp2", "exp2-asm", "poly"]
+    forms = (["exp2", "poly-noasm", "poly2-noasm"] if cpu
+             else ["exp2", "exp2-asm", "poly", "poly2"])
     if cpu:  # small blocks so the interpreter's checks cross chunk and block edges
         lib_block, lib_chunk, lib_warps = 64, 256, 4
     check_forms(forms, dtype, args.device, lib_block, lib_chunk, lib_warps)
@@ -287,13 +302,19 @@ def main():
                        fn, train_bytes if write_grad else fwd_bytes)
 
     print("-- the library's configuration, each form", flush=True)
+    times = {}
     for form in ["library"] + forms:
         for write_grad in (1, 0):
-            run(form, lib_block, lib_chunk, lib_warps, write_grad)
-    print("-- launch configurations (loss + gradient): library and the poly form", flush=True)
+            ms = run(form, lib_block, lib_chunk, lib_warps, write_grad)
+            if write_grad and ms is not None:
+                times[form] = ms
+    best = min((f for f in times if f != "library"), key=times.get, default="exp2")
+    print(f"-- launch configurations (loss + gradient): library and the fastest form, {best}",
+          flush=True)
     blocks = (2048, 4096) if args.quick else (1024, 2048, 4096, 8192)
-    chunks = (32768,) if args.quick else (16384, 32768, 65536)
-    for form in ("library", "poly"):
+    for form in ("library", best):
+        # CHUNK is a runtime argument (no compile): three for the library, one for the form
+        chunks = (16384, 32768, 65536) if form == "library" and not args.quick else (32768,)
         for block in blocks:
             for warps in (4, 8, 16):
                 per_thread = block // (32 * warps)
