@@ -11,7 +11,7 @@ Candidate tanh forms (TANH), each checked against the library kernels' outputs f
   0  the library's: 1 - 2 / (2^(2 u log2 e) + 1) (Triton's fp32 division is div.full.f32,
      an rcp.approx and a multiply): two MUFU operations an element.
   1  the same with 2^v by _tune.exp2_poly on the FMA pipe: one MUFU operation (the rcp)
-     an element; 2^v about 1e-8 relative apart from ex2.approx, so y a bf16 rounding
+     an element; 2^v about 1e-7 relative apart from ex2.approx, so y a bf16 rounding
      apart at most.
   2  tanh.approx.f32 (PTX, GPU only): one MUFU operation; relative error about 2^-11, fine
      for a bf16 output, not for fp32.
