@@ -167,6 +167,27 @@ def group_norm_bwd_form_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr,
                 tl.store(dxg + offs, dx.to(dtype), mask=mask)
 
 
+# The launcher's tiles (csrc/ops/group_norm/group_norm_cuda.cpp, kTiles): (elements, most
+# programs per multiprocessor); the warps per tile from triton_src/group_norm.py.
+LAUNCHER_TILES = ((1024, 8), (8192, 2))
+
+
+def library_tile(cg, hw):
+    """The launcher's choice: the (BLOCK_C, BLOCK_HW, warps) wasting the fewest masked lanes
+    (ties: the later, larger one), and its most programs per multiprocessor."""
+    warps = dict(K.TILES)
+    best, best_lanes = None, None
+    for elems, most in LAUNCHER_TILES:
+        for h in K.HW_BUCKETS:
+            if h > elems:
+                continue
+            c = elems // h
+            lanes = triton.cdiv(hw, h) * h * triton.cdiv(cg, c) * c
+            if best is None or lanes <= best_lanes:
+                best, best_lanes = ((c, h, warps[elems]), most), lanes
+    return best
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="32,512,4096", help="batch, channels, positions")
@@ -225,13 +246,12 @@ def main():
             partial, dw, db, bsz, c, 1, 1, BLOCK_B=K.REDUCE_B, BLOCK_C=K.REDUCE_C, num_warps=4)
         return dw, db
 
-    # the library's tile for this shape: the large tile when the positions fill it
     if cpu:
-        lib = (4, 8, 4)  # small tiles crossing channel and position edges
+        lib, most = (4, 8, 4), 2  # small tiles crossing channel and position edges
     else:
-        lib = (max(1, 8192 // min(hw, 4096)), min(hw, 4096), 16)
-    lib_fwd_p = programs(2, group_bytes)
-    lib_bwd_p = programs(1, 2 * group_bytes)
+        lib, most = library_tile(cg, hw)
+    lib_fwd_p = programs(most, group_bytes)
+    lib_bwd_p = programs(max(1, most // 2), 2 * group_bytes)
 
     # checks: every candidate form equals the library kernel (the same arithmetic)
     fwd(*lib, lib_fwd_p)()
