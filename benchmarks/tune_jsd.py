@@ -13,16 +13,18 @@ for beta in (0, 1) and the two KL limits, with ignored rows):
   exp2      log2 / exp2 forms: the inputs scaled by log2(e) once, ln 2 folded into the
             per-program constants beta ln 2 and (1 - beta) ln 2.
   exp2-asm  the same with ex2.approx / lg2.approx written as PTX (GPU only: the
-            interpreter has no inline assembly; checked on the GPU before it is timed).
+            interpreter has no inline assembly; checked on the GPU before it is timed):
+            three MUFU operations an element, the fewest instructions.
   poly      exp2-asm with the logarithm (its argument w_s + w_o e in [min(beta, 1 - beta),
             1]) as a bit split and a polynomial on the FMA pipe: two MUFU operations an
-            element instead of three.
+            element (the two ex2).
   poly2     poly with the exponential of min - max also on the FMA pipe
             (_tune.exp2_poly): one MUFU operation an element.
-MUFU runs at 16 operations a clock per multiprocessor (sm_90); the library's logarithm is
-libdevice's (no MUFU, but many instructions): --sass shows both counts.
---sass (no GPU needed) compiles each form for sm_90 and counts its MUFU / FMA-pipe
-instructions.
+The library kernel already shares one exponential (q and p from 2^s and 2^(min - s)); its
+logarithm is libdevice's logf, which uses no MUFU but many FMA-pipe instructions: two MUFU
+operations an element. MUFU runs at 16 operations a clock per multiprocessor (sm_90).
+--sass (no GPU needed) compiles each form for sm_90 and counts its SASS instructions, all
+and MUFU.
 """
 import argparse
 
