@@ -111,7 +111,7 @@ def main():
         # bf16 rounding apart at most
         T.check(f"persistent forward RSQRT={rsqrt} y", y, y_ref, atol=1e-5, rtol=2 ** -7)
         T.check(f"persistent forward RSQRT={rsqrt} rstd", rstd, rstd_ref, atol=0.0,
-                rtol=1e-6)
+                rtol=4e-6)
     rstd.copy_(rstd_ref)
     run, part = bwd(lib_bwd_warps, 2)
     run()
