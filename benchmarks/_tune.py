@@ -97,7 +97,8 @@ def exp2_poly(v):
     """2^v in fp32 on the FMA pipe (no MUFU): v clamped to [-127, 127], 2^floor(v) built
     from the exponent bits (0 for floor(v) = -127), 2^frac by a degree-6 least-squares fit
     on [0, 1) (1e-8 relative with fp32 coefficients; evaluated in fp32, 1e-7 relative at
-    most over [-140, 0] under the interpreter). Not for values below 2^-126 (no subnormals): 2^v flushes to 0 there."""
+    most over [-140, 0] under the interpreter). No subnormals: 2^v below 2^-126 flushes to
+    0."""
     v = tl.minimum(tl.maximum(v, -127.0), 127.0)
     k = tl.floor(v)
     f = v - k
