@@ -67,6 +67,42 @@ def sigmoid_f32(x):
     return 1.0 / (1.0 + tl.exp(-x))
 
 
+# --- blockwise FP8 (float8_e4m3fn), the format of python/fk/ops/fp8_quantize.py ----------
+# Shared by fp8_quantize and the ops that quantize their output (rms_norm_fp8).
+
+FP8_MAX = tl.constexpr(448.0)
+FP8_MIN_SCALE = tl.constexpr(1.1754943508222875e-38)  # 2^-126, the smallest normal float32
+
+
+@triton.jit
+def fp8_scale(amax, pow2):
+    """The dequantization scale of blocks of absolute maximum ``amax`` (NaN read as inf):
+    max(amax / 448, 2^-126) correctly rounded, 1 for amax 0, rounded up to a power of two
+    when ``pow2 != 0``, NaN for amax inf."""
+    s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    s = tl.where(amax == 0.0, 1.0, tl.maximum(s, FP8_MIN_SCALE))
+    if pow2 != 0:
+        bits = s.to(tl.int32, bitcast=True)
+        up = (bits + 0x7FFFFF) & -0x800000  # next power of two; inf stays inf
+        s = up.to(tl.float32, bitcast=True)
+    return tl.where(amax == float("inf"), float("nan"), s)
+
+
+@triton.jit
+def fp8_quantize_values(x, s):
+    """x / s (correctly rounded) clamped to [-448, 448] (NaN stays NaN), in fp32; the store
+    rounds it to float8_e4m3fn."""
+    q = tl.math.div_rn(x, s)
+    return tl.where(q > FP8_MAX, FP8_MAX, tl.where(q < -FP8_MAX, -FP8_MAX, q))
+
+
+@triton.jit
+def abs_nan_inf(x):
+    """|x| with a NaN read as inf (a block holding one gets a NaN scale)."""
+    a = tl.abs(x)
+    return tl.where(a == a, a, float("inf"))
+
+
 # --- RMSNorm pieces, shared by rms_norm and fused_add_rms_norm -----------------------------
 # ``casting`` is the run-time casting mode of triton_src/rms_norm.py: 0 none, 1 llama,
 # 2 gemma.

@@ -25,29 +25,11 @@ sm_80 has no FP8 conversions.
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+from _common import DTYPES, FLAG_ALIGNED, Variant, abs_nan_inf, aligned_args
+from _common import fp8_quantize_values as _quantize
+from _common import fp8_scale as _scale
 
-FP8_MAX = tl.constexpr(448.0)
-MIN_SCALE = tl.constexpr(1.1754943508222875e-38)  # 2^-126, the smallest normal float32
 TILE = 128
-
-
-@triton.jit
-def _scale(amax, pow2):
-    """The dequantization scale of blocks of absolute maximum ``amax`` (NaN read as inf)."""
-    s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
-    s = tl.where(amax == 0.0, 1.0, tl.maximum(s, MIN_SCALE))
-    if pow2 != 0:
-        bits = s.to(tl.int32, bitcast=True)
-        up = (bits + 0x7FFFFF) & -0x800000  # next power of two; inf stays inf
-        s = up.to(tl.float32, bitcast=True)
-    return tl.where(amax == float("inf"), float("nan"), s)
-
-
-@triton.jit
-def _quantize(x, s):
-    q = tl.math.div_rn(x, s)
-    return tl.where(q > FP8_MAX, FP8_MAX, tl.where(q < -FP8_MAX, -FP8_MAX, q))
 
 
 @triton.jit
@@ -61,8 +43,7 @@ def fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_
     cmask = cols < K
     mask = rmask[:, None] & cmask[None, :]
     x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    a = tl.abs(x)
-    a = tl.where(a == a, a, float("inf"))  # a NaN counts as inf: the block's scale is NaN
+    a = abs_nan_inf(x)  # a NaN counts as inf: the block's scale is NaN
     q_offs = rows[:, None] * K + cols[None, :]
     # the column-wise copy is stored as a (TILE_K, TILE_M) tile, contiguous along M
     qt_offs = cols[:, None] * M + rows[None, :]

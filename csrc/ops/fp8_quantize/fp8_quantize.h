@@ -15,6 +15,16 @@ struct Fp8Layout {
   bool rowwise, columnwise;
 };
 
+// x float32 / bfloat16 / float16 (the error names `op`).
+void check_fp8_input_dtype(const char* op, const Tensor& x);
+
+// "rowwise", "columnwise" or "both": the copies to write; anything else an error naming op.
+Fp8Layout parse_fp8_layout(const char* op, const std::string& layout);
+
+// The CUDA kernels of every quantizing op need compute capability 9.0 or newer (8.x GPUs
+// run the sm_80 cubins, which have no FP8 conversions); an error naming op otherwise.
+void check_fp8_gpu(const char* op, const Tensor& x);
+
 // Shared by every backend: x 2-D float32 / bfloat16 / float16, block_rows 1 or 128, layout
 // "rowwise", "columnwise" or "both". Returns the copies to write.
 Fp8Layout check_fp8_quantize(const Tensor& x, int64_t block_rows, const std::string& layout);

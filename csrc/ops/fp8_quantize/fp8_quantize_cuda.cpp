@@ -5,10 +5,6 @@
 #include "runtime/kernels.h"
 
 namespace fk::ops {
-namespace {
-
-using checks::ceil_div;
-using runtime::KernelArgs;
 
 // FP8 kernels are built for sm_90 and newer: 8.x GPUs run the sm_80 cubins, which have no
 // FP8 conversions.
@@ -18,6 +14,11 @@ void check_fp8_gpu(const char* op, const Tensor& x) {
            ": float8_e4m3fn kernels need a GPU of compute capability 9.0 or newer, got ",
            cap / 10, ".", cap % 10, " on ", x.device());
 }
+
+namespace {
+
+using checks::ceil_div;
+using runtime::KernelArgs;
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cuda(Tensor x, int64_t block_rows,
                                                             std::string layout,
