@@ -33,6 +33,7 @@ from .ops.neighborhood_attention import neighborhood_attention  # noqa: E402
 from .ops.poly_norm import poly_norm  # noqa: E402
 from .ops.qwen2vl_mrope import qwen2vl_mrope  # noqa: E402
 from .ops.rms_norm import rms_norm  # noqa: E402
+from .ops.rms_norm_fp8 import rms_norm_fp8  # noqa: E402
 from .ops.rope import rope, rope_  # noqa: E402
 from .ops.softmax import softmax  # noqa: E402
 from .ops.sparsemax import sparsemax  # noqa: E402
@@ -54,6 +55,7 @@ __all__ = ["CrossEntropyOutput", "cross_entropy", "dyt", "fp8_dequantize", "fp8_
            "fused_add_rms_norm",
            "fused_linear_cross_entropy", "fused_linear_jsd", "geglu", "group_norm", "jsd",
            "kl_div", "layer_norm", "llama4_rope", "neighborhood_attention", "poly_norm", "qwen2vl_mrope", "rms_norm",
+           "rms_norm_fp8",
            "rope", "rope_", "softmax", "sparsemax", "swiglu", "swiglu_linear", "tvd",
            "vocab_parallel_cross_entropy", "vocab_parallel_fused_linear_cross_entropy",
            "nn", "build_info", "cmake_prefix_path"]
