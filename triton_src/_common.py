@@ -103,6 +103,33 @@ def abs_nan_inf(x):
     return tl.where(a == a, a, float("inf"))
 
 
+@triton.jit
+def fp8_store_1x128(v, rb, cb, rows, cols, M, K, q_ptr, s_ptr, qt_ptr, st_ptr, want_row,
+                    want_col, pow2):
+    """Quantizes the fp32 tile v (rows x cols, tile (rb, cb) of 128 x 128 tiles of an (M, K)
+    matrix) in 1 x 128 blocks and stores it: the row-wise copy (each row of the tile one
+    block; data at q[rows, cols], scales at s[cb, rows]) when ``want_row``, the column-wise
+    copy (each column of the tile one block; data at qt[cols, rows], stored as a transposed
+    tile contiguous along M, scales at st[rb, cols]) when ``want_col``. Elements outside
+    the matrix must read as 0 (they then neither raise nor NaN an amax) and are not
+    stored."""
+    rmask = rows < M
+    cmask = cols < K
+    a = abs_nan_inf(v)
+    if want_row != 0:
+        s_r = fp8_scale(tl.max(a, axis=1), pow2)
+        q = fp8_quantize_values(v, s_r[:, None])
+        tl.store(q_ptr + rows[:, None] * K + cols[None, :], q.to(q_ptr.dtype.element_ty),
+                 mask=rmask[:, None] & cmask[None, :])
+        tl.store(s_ptr + cb * M + rows, s_r, mask=rmask)
+    if want_col != 0:
+        s_c = fp8_scale(tl.max(a, axis=0), pow2)
+        qt = fp8_quantize_values(v, s_c[None, :])
+        tl.store(qt_ptr + cols[:, None] * M + rows[None, :],
+                 tl.trans(qt).to(qt_ptr.dtype.element_ty), mask=cmask[:, None] & rmask[None, :])
+        tl.store(st_ptr + rb * K + cols, s_c, mask=cmask)
+
+
 # --- RMSNorm pieces, shared by rms_norm and fused_add_rms_norm -----------------------------
 # ``casting`` is the run-time casting mode of triton_src/rms_norm.py: 0 none, 1 llama,
 # 2 gemma.

@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from _common import (DTYPES, FLAG_ALIGNED, Variant, abs_nan_inf, aligned_args,
-                     fp8_quantize_values, fp8_scale, rms_normalize, rms_weight)
+                     fp8_quantize_values, fp8_scale, fp8_store_1x128, rms_normalize,
+                     rms_weight)
 
 TILE = 128
 CASTING_LLAMA = tl.constexpr(1)  # triton_src/rms_norm.py's casting modes
@@ -94,20 +95,8 @@ def rms_norm_fp8_tile_kernel(x_ptr, w_ptr, rstd_ptr, q_ptr, s_ptr, qt_ptr, st_pt
     y = _norm(x, rstd[:, None], w_ptr, cols, cmask, dtype)
     if want_y != 0:
         tl.store(y_ptr + offs, y.to(dtype), mask=mask)
-    a = abs_nan_inf(y)
-    if want_row != 0:
-        s_r = fp8_scale(tl.max(a, axis=1), pow2)
-        q = fp8_quantize_values(y, s_r[:, None])
-        tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
-        tl.store(s_ptr + cb * M + rows, s_r, mask=rmask)
-    if want_col != 0:
-        # rows past M read as 0, so they neither raise nor NaN a column's amax
-        s_c = fp8_scale(tl.max(a, axis=0), pow2)
-        qt = fp8_quantize_values(y, s_c[None, :])
-        # stored as a (TILE_K, TILE_M) tile, contiguous along M
-        tl.store(qt_ptr + cols[:, None] * M + rows[None, :],
-                 tl.trans(qt).to(qt_ptr.dtype.element_ty), mask=cmask[:, None] & rmask[None, :])
-        tl.store(st_ptr + rb * K + cols, s_c, mask=cmask)
+    fp8_store_1x128(y, rb, cb, rows, cols, M, K, q_ptr, s_ptr, qt_ptr, st_ptr, want_row,
+                    want_col, pow2)
 
 
 # Single-pass buckets: (BLOCK_K, rows per program, warps); wider rows take rstd + tile.

@@ -100,26 +100,22 @@ def test_interpreter(dtype, pow2, shape):
                 torch.full((m,), -1.0), torch.full((m, k), math.nan, dtype=dtype))
 
     ref_y = ref_rms_norm(x, w, EPS, cast=round_toward_zero)
-    # rows kernel (row-wise copy, y, rstd) + tile kernel (column-wise copy)
-    q, s, qt, st, rstd, y = fresh()
-    rows = 2
-    mod.rms_norm_fp8_rows_kernel[(cdiv(m, rows),)](x, w, q, s, y, rstd, m, k, EPS, 1, 1,
-                                                   int(pow2), BLOCK_K=512, ROWS=rows)
-    mod.rms_norm_fp8_tile_kernel[(nm, nk)](x, w, rstd, q, s, qt, st, y, m, k, 0, 1, 0,
-                                           int(pow2), TILE_M=128, TILE_K=128)
-    assert_close(y, ref_y, dtype, factor=1.5, what="y")
-    assert_close(rstd, ref_rstd(x), torch.float32, what="rstd")
-    for g, want in zip((q, s, qt, st), ref_quantize(y, (1, 128), pow2)):
-        same(g, want)
-    # rstd kernel (chunks of 128) + tile kernel writing everything
-    q2, s2, qt2, st2, rstd2, y2 = fresh()
-    mod.rms_norm_fp8_rstd_kernel[(m,)](x, rstd2, m, k, EPS, BLOCK_K=128)
-    mod.rms_norm_fp8_tile_kernel[(nm, nk)](x, w, rstd2, q2, s2, qt2, st2, y2, m, k, 1, 1, 1,
-                                           int(pow2), TILE_M=128, TILE_K=128)
-    assert_close(y2, ref_y, dtype, factor=1.5, what="y (tiles)")
-    assert_close(rstd2, ref_rstd(x), torch.float32, what="rstd (chunks)")
-    for g, want in zip((q2, s2, qt2, st2), ref_quantize(y2, (1, 128), pow2)):
-        same(g, want)
+    for path in ("rows", "rstd"):
+        q, s, qt, st, rstd, y = fresh()
+        if path == "rows":  # rows kernel (row-wise copy, y, rstd), tiles (column-wise copy)
+            rows = 2
+            mod.rms_norm_fp8_rows_kernel[(cdiv(m, rows),)](x, w, q, s, y, rstd, m, k, EPS, 1,
+                                                           1, int(pow2), BLOCK_K=512, ROWS=rows)
+        else:  # rstd kernel (chunks of 128), tiles writing everything
+            mod.rms_norm_fp8_rstd_kernel[(m,)](x, rstd, m, k, EPS, BLOCK_K=128)
+        row_in_tiles = int(path == "rstd")
+        mod.rms_norm_fp8_tile_kernel[(nm, nk)](x, w, rstd, q, s, qt, st, y, m, k, row_in_tiles,
+                                               1, row_in_tiles, int(pow2), TILE_M=128,
+                                               TILE_K=128)
+        assert_close(y, ref_y, dtype, factor=1.5, what=f"y ({path})")
+        assert_close(rstd, ref_rstd(x), torch.float32, what=f"rstd ({path})")
+        for g, want in zip((q, s, qt, st), ref_quantize(y, (1, 128), pow2)):
+            same(g, want)
 
 
 def test_variants_cover_every_dtype():
