@@ -271,8 +271,12 @@ def test_requires_grad_without_norm_is_a_clear_error():
         fk.rms_norm_fp8(x, w)
     with pytest.raises(RuntimeError, match="only y carries the gradient"):
         fk.rms_norm_fp8(x.detach(), w.requires_grad_(), layout="both")
+    with pytest.raises(RuntimeError, match="only y carries the gradient"):
+        torch.ops.fk.rms_norm_fp8(x, w, 1e-6, "both", False, False)
     with torch.no_grad():
         assert len(fk.rms_norm_fp8(x, w)) == 3
+        assert len(torch.ops.fk.rms_norm_fp8(x, w, 1e-6, "both", False, False)) == 6
+    assert len(fk.rms_norm_fp8(x.detach(), w.detach())) == 3
 
 
 def test_frozen_weight_and_double_backward():

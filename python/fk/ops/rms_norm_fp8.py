@@ -59,12 +59,9 @@ def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
         CUDA GPU older than compute capability 9.0 (the FP8 kernels are built for sm_90 and
         newer).
     """
-    if torch.is_grad_enabled() and not return_norm:
-        c.check(not (x.requires_grad or weight.requires_grad), _OP,
-                ": x or weight requires grad, but only y carries the gradient: pass "
-                "return_norm=True (the quantized copies are y for autograd), or call under "
-                "torch.no_grad()")
-    if torch.jit.is_scripting() or not _autograd.eager():
+    # Without grad mode the operator itself (nothing to record); under torch.compile the
+    # operator and its registered formula.
+    if torch.jit.is_scripting() or not _autograd.eager() or not torch.is_grad_enabled():
         out = torch.ops.fk.rms_norm_fp8(x, weight, eps, layout, pow2_scales, return_norm)
     else:
         out = _eager(x, weight, eps, layout, pow2_scales, return_norm)
@@ -103,8 +100,16 @@ def _fake(x, weight, eps=1e-6, layout="rowwise", pow2_scales=False, return_norm=
 
 # --- autograd: through y, as fk.rms_norm's (x, weight and the fp32 rstd saved) -------------
 
+NO_GRADIENT = (": x or weight requires grad, but only y carries the gradient: pass "
+               "return_norm=True (the quantized copies are y for autograd), or call under "
+               "torch.no_grad()")
+
+
 def _setup_context(ctx, inputs, output):
-    x, weight = inputs[:2]
+    x, weight, return_norm = inputs[0], inputs[1], inputs[5]
+    # Autograd records this call (the wrapper takes this path in grad mode only): a call
+    # whose gradient would be dropped is an error.
+    c.check(return_norm or not any(ctx.needs_input_grad[:2]), _OP, NO_GRADIENT)
     ctx.save_for_backward(x, weight, output[4])
     ctx.mark_non_differentiable(*[t for t in output[:5] if t is not None])
     ctx.set_materialize_grads(False)
