@@ -452,8 +452,8 @@ inline at::Tensor fp8_dequantize(const at::Tensor& data, const at::Tensor& scale
 // RMSNorm (fk::rms_norm, casting "llama", offset 0) of x (..., K) with its output y
 // quantized as fk::fp8_quantize quantizes y.reshape(M, K) in 1 x 128 blocks. Returns (data,
 // scales, data_t, scales_t, rstd (M,) float32, y): the copies layout does not ask for, and y
-// unless return_norm, undefined. Without include/fk/autograd.h's formula for it, not
-// differentiable in C++ (Python: the gradient flows through y; python/fk/ops/rms_norm_fp8.py).
+// unless return_norm, undefined. Differentiable through y only (the copies are y for autograd;
+// include/fk/autograd.h), which needs return_norm when x or weight requires grad.
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 rms_norm_fp8(const at::Tensor& x, const at::Tensor& weight, double eps = 1e-6,
              const std::string& layout = "rowwise", bool pow2_scales = false,
