@@ -35,15 +35,15 @@ def torch_fp8_quantize(x, block_rows, layout, pow2=False):
         if layout != "columnwise":
             b = xf.view(m, k // 128, 128)
             s = scale(b.abs().amax(dim=2))
-            out += [cast(b / s[:, :, None]).view(m, k), s.t().contiguous()]
+            out += [cast(b * s.reciprocal()[:, :, None]).view(m, k), s.t().contiguous()]
         if layout != "rowwise":
             b = xf.view(m // 128, 128, k)
             s = scale(b.abs().amax(dim=1))
-            out += [cast(b / s[:, None, :]).view(m, k).t().contiguous(), s]
+            out += [cast(b * s.reciprocal()[:, None, :]).view(m, k).t().contiguous(), s]
         return tuple(out)
     b = xf.view(m // 128, 128, k // 128, 128)
     s = scale(b.abs().amax(dim=(1, 3)))
-    q = cast(b / s[:, None, :, None]).view(m, k)
+    q = cast(b * s.reciprocal()[:, None, :, None]).view(m, k)
     if layout != "columnwise":
         out += [q, s]
     if layout != "rowwise":

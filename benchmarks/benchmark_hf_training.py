@@ -21,6 +21,9 @@ losses agree across providers (all start near ln(vocab) = 11.76).
 
 ``--model qwen3_1_7b`` trains a Qwen3-1.7B-shaped model instead (hidden 2048, 28 layers, 16
 heads, 8 kv heads, head_dim 128, intermediate 6144, vocab 151936, tied embeddings, q/k norms).
+``--model glm4_1b`` and ``--model olmo3_1b`` train 1B-class models of those two structures
+(hidden 2048, 16 layers; see glm4_config and olmo3_config), which fk patches through rows
+added after the first twelve.
 ``--amp`` keeps the weights (and AdamW's state) in float32 and runs each forward under
 ``torch.autocast(dtype=torch.bfloat16)``, the backward after it: what
 ``transformers.Trainer(bf16=True)`` does. Its dtype column reads ``float32+amp_bf16``.
@@ -57,13 +60,12 @@ CSV_COLUMNS = ["gpu", "torch", "transformers", "fk", "liger", "model", "dtype", 
 _KEY = ("model", "dtype", "provider", "batch", "seq")
 
 
-MODELS = ("llama_3_2_1b", "qwen3_1_7b")
+MODELS = ("llama_3_2_1b", "qwen3_1_7b", "glm4_1b", "olmo3_1b")
 
 
 def model_config(args):
-    if args.model == "qwen3_1_7b":
-        return qwen3_config(args.tiny)
-    return llama_config(args.tiny)
+    return {"qwen3_1_7b": qwen3_config, "glm4_1b": glm4_config,
+            "olmo3_1b": olmo3_config}.get(args.model, llama_config)(args.tiny)
 
 
 def model_name(args):
@@ -84,6 +86,38 @@ def qwen3_config(tiny):
     return Qwen3Config(**shape, max_position_embeddings=40960, rms_norm_eps=1e-6,
                        tie_word_embeddings=True, rope_parameters={"rope_type": "default",
                                                                   "rope_theta": 1000000.0},
+                       attention_dropout=0.0, use_cache=False, attn_implementation="sdpa")
+
+
+def glm4_config(tiny):
+    """GLM-4's structure (partial interleaved rope, fused gate_up MLP, sandwich norms) at a
+    1B-class shape of our choosing (GLM-4 ships 9B and larger only)."""
+    from transformers import Glm4Config
+    if tiny:
+        shape = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=1024)
+    else:
+        shape = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=16,
+                     num_attention_heads=16, num_key_value_heads=2, head_dim=128,
+                     vocab_size=151552)
+    return Glm4Config(**shape, rms_norm_eps=1e-5, pad_token_id=None, eos_token_id=None, tie_word_embeddings=False,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                       "partial_rotary_factor": 0.5},
+                      attention_dropout=0.0, use_cache=False, attn_implementation="sdpa")
+
+
+def olmo3_config(tiny):
+    """OLMo-3's structure (post-norms, q/k norms over all heads, sliding-window layers) at
+    OLMo-2-1B's shape with OLMo-3's vocabulary."""
+    from transformers import Olmo3Config
+    if tiny:
+        shape = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=4, vocab_size=1024)
+    else:
+        shape = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                     num_attention_heads=16, num_key_value_heads=16, vocab_size=100278)
+    return Olmo3Config(**shape, rms_norm_eps=1e-6, pad_token_id=None, eos_token_id=None, tie_word_embeddings=False,
+                       max_position_embeddings=65536, sliding_window=4096,
                        attention_dropout=0.0, use_cache=False, attn_implementation="sdpa")
 
 
@@ -242,7 +276,8 @@ def _cell(v, spec):
 
 def print_table(res, info, args, batch, title="HF training step"):
     eager = res.get("eager", {})
-    shape = {"llama_3_2_1b": "Llama-3.2-1B", "qwen3_1_7b": "Qwen3-1.7B"}[args.model]
+    shape = {"llama_3_2_1b": "Llama-3.2-1B", "qwen3_1_7b": "Qwen3-1.7B", "glm4_1b": "GLM-4 (1B-class)",
+             "olmo3_1b": "OLMo-3 (1B-class)"}[args.model]
     print(f"\n{title} | {'tiny ' + shape if args.tiny else shape + ' shape'}"
           f"{' | float32 weights, bf16 autocast' if args.amp else ''} "
           f"({_fmt(next((r['params'] for r in res.values() if 'params' in r), None), ',')} "

@@ -230,6 +230,13 @@ def ref_scales(amax, pow2):
     return torch.where(amax == math.inf, torch.full_like(s, math.nan), s).float()
 
 
+def ref_reciprocal(s):
+    """1 / s rounded once to float32, as float64 (the float64 quotient of 1 by a float32
+    rounds to the correctly rounded float32 one); x * it in float64 is exact for float32 x,
+    so the float32 cast of the product is the correctly rounded float32 product."""
+    return (1.0 / s.double()).float().double()
+
+
 def ref_quantize_rows(x, pow2):
     """1 x 128 blocks along the rows of a 2-D x: (q before the float8 cast, as float32;
     scales (ceil(K / 128), M))."""
@@ -240,7 +247,7 @@ def ref_quantize_rows(x, pow2):
     a = xp.abs().reshape(m, nk, 128)
     amax = torch.where(torch.isnan(a), math.inf, a).amax(dim=2)
     s = ref_scales(amax, pow2)
-    q = (xp.reshape(m, nk, 128) / s.double()[:, :, None]).float().clamp(-448, 448)
+    q = (xp.reshape(m, nk, 128) * ref_reciprocal(s)[:, :, None]).float().clamp(-448, 448)
     return q.reshape(m, nk * 128)[:, :k], s.t().contiguous()
 
 
@@ -253,7 +260,8 @@ def ref_quantize_tiles(x, pow2):
     a = xp.abs().reshape(nm, 128, nk, 128)
     amax = torch.where(torch.isnan(a), math.inf, a).amax(dim=(1, 3))
     s = ref_scales(amax, pow2)
-    q = (xp.reshape(nm, 128, nk, 128) / s.double()[:, None, :, None]).float().clamp(-448, 448)
+    q = (xp.reshape(nm, 128, nk, 128) * ref_reciprocal(s)[:, None, :, None]).float()
+    q = q.clamp(-448, 448)
     return q.reshape(nm * 128, nk * 128)[:m, :k], s
 
 
@@ -277,6 +285,7 @@ def ref_dequantize(q, s, block):
 def same(out, ref):
     """Equal values, NaN where the reference has NaN."""
     torch.testing.assert_close(out.float(), ref.float(), rtol=0, atol=0, equal_nan=True)
+
 
 
 # --- cross entropy (fk.cross_entropy, fk.fused_linear_cross_entropy) ---------------------

@@ -90,9 +90,10 @@ def fp8_scale(amax, pow2):
 
 @triton.jit
 def fp8_quantize_values(x, s):
-    """x / s (correctly rounded) clamped to [-448, 448] (NaN stays NaN), in fp32; the store
-    rounds it to float8_e4m3fn."""
-    q = tl.math.div_rn(x, s)
+    """x times the correctly rounded reciprocal of its block's scale s, clamped to [-448, 448]
+    (NaN stays NaN), in fp32; the store rounds it to float8_e4m3fn. Pass s as one value per
+    block (e.g. s[:, None]), so that the reciprocal is taken once a block."""
+    q = x * tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
     return tl.where(q > FP8_MAX, FP8_MAX, tl.where(q < -FP8_MAX, -FP8_MAX, q))
 
 
@@ -106,13 +107,13 @@ def abs_nan_inf(x):
 @triton.jit
 def fp8_store_1x128(v, rb, cb, rows, cols, M, K, q_ptr, s_ptr, qt_ptr, st_ptr, want_row,
                     want_col, pow2):
-    """Quantizes the fp32 tile v (rows x cols, tile (rb, cb) of 128 x 128 tiles of an (M, K)
-    matrix) in 1 x 128 blocks and stores it: the row-wise copy (each row of the tile one
-    block; data at q[rows, cols], scales at s[cb, rows]) when ``want_row``, the column-wise
-    copy (each column of the tile one block; data at qt[cols, rows], stored as a transposed
-    tile contiguous along M, scales at st[rb, cols]) when ``want_col``. Elements outside
-    the matrix must read as 0 (they then neither raise nor NaN an amax) and are not
-    stored."""
+    """Quantizes the fp32 tile v (rows x cols, tile (rb, cb) of an (M, K) matrix) in 1 x 128
+    blocks and stores it: the row-wise copy (each row of the tile one block, so 128 columns
+    a tile; data at q[rows, cols], scales at s[cb, rows]) when ``want_row``, the column-wise
+    copy (each column of the tile one block, so 128 rows a tile; data at qt[cols, rows],
+    stored as a transposed tile contiguous along M, scales at st[rb, cols]) when
+    ``want_col``. Elements outside the matrix must read as 0 (they then neither raise nor
+    NaN an amax) and are not stored."""
     rmask = rows < M
     cmask = cols < K
     a = abs_nan_inf(v)

@@ -18,7 +18,8 @@ of that row's loss, written in the logits' dtype:
   A   = ((1 - ls) * w_y + (ls / V) * sum_j w_j) / D_w + 2 * s * lse / D_n
   (times 1 - tanh^2(x_j / c) with a softcap; D_w = D_n = 1 unless "mean")
 
-The EXTRA variants (general ones, one program per row) also write each row's argmax over
+The EXTRA variants (one program per row; general ones where weights, smoothing or a softcap
+need it, else plain ones) also write each row's argmax over
 the (softcapped) logits, its first maximum as torch.argmax, tracked in pass 1's online
 max (IGNORED_PREDICTION for an ignored row), and with token_scaling != 0 multiply the row's
 loss, z-loss and gradient by p_y = softmax(x)_y (taken as a constant: Liger Kernel's token
@@ -56,8 +57,8 @@ from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
 # plain variant has none of them and keeps pass 2 to an FMA, an exp and a multiply per element.
 FLAG_GENERAL = 2
 
-# Variant flag (with FLAG_GENERAL): the argmax of each row into pred_ptr and the run-time
-# switch token_scaling; one program per row.
+# Variant flag (alone or with FLAG_GENERAL): the argmax of each row into pred_ptr and the
+# run-time switch token_scaling; one program per row.
 FLAG_EXTRA = 4
 
 REDUCTION_NONE, REDUCTION_MEAN, REDUCTION_SUM = 0, 1, 2
@@ -422,6 +423,9 @@ def cross_entropy_scale_kernel(src_ptr, dst_ptr, g_ptr, g_stride, src_stride, ds
 #   unaligned (row length not a multiple of 16, or a misaligned pointer): scalar loads hold
 #     more registers; half the block.
 #   general: weights, smoothing or softcap hold several values per element: 16 KB steps.
+#   extra: the argmax / token scaling without those options: the one-program-per-row form
+#     (tune_cross_entropy.py: 1.77 ms for the plain kernel of 32 KB steps of 16 warps, 2.66
+#     for the general EXTRA one of 16 KB steps, 2.48 for the general one without EXTRA).
 #   small: rows of at most SMALL classes, many programs per SM.
 # scale: tiles of 4096 columns, 8 warps, 8 programs per SM: 64 KB in flight per SM.
 # den: blocks of 256 targets, at most 1 program per SM (8192 rows: 32 programs, one block
@@ -436,6 +440,7 @@ _SM90 = {
     "plain": {2: (4096, 4, 64, 8, 64), 4: (16384, 16, 64)},
     "unaligned": {2: (16384, 16, 64), 4: (8192, 16, 64)},
     "general": {2: (8192, 16, 64), 4: (4096, 16, 64)},
+    "extra": {2: (16384, 16, 64), 4: (16384, 16, 64)},
     "scale": (4096, 8, 8),
     "den": (256, 4, 1),
 }
@@ -443,6 +448,7 @@ _CONFIG = {
     90: _SM90,
     "default": dict(_SM90, plain={2: (16384, 16, 64), 4: (8192, 16, 64)},
                     unaligned={2: (8192, 16, 64), 4: (4096, 16, 64)},
+                    extra={2: (16384, 16, 64), 4: (8192, 16, 64)},
                     general={2: (4096, 16, 64), 4: (4096, 16, 64)}),
 }
 _ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -486,12 +492,14 @@ def variants(arch: int) -> list:
                                    flags=flags, divisible_by_16=aligned_args(sig, flags, extra),
                                    cluster=cluster, maxnreg=maxnreg))
 
-            for general in (0, FLAG_GENERAL, FLAG_GENERAL | FLAG_EXTRA):
-                kind = "general" if general else ("plain" if aligned else "unaligned")
+            for general in (0, FLAG_GENERAL, FLAG_GENERAL | FLAG_EXTRA, FLAG_EXTRA):
+                kind = ("general" if general & FLAG_GENERAL else
+                        "unaligned" if not aligned else "extra" if general else "plain")
                 for bucket, table in ((SMALL, cfg["small"]), (LARGE, cfg[kind])):
                     block, warps, per_sm, chunks, maxnreg = (table[_ELEM[dt]] + (1, 0))[:5]
                     add("cross_entropy_fwd", "cross_entropy_fwd_kernel", _FWD_ARGS, bucket,
-                        {"BLOCK": block, "GENERAL": int(general != 0), "PER_SM": per_sm,
+                        {"BLOCK": block, "GENERAL": int((general & FLAG_GENERAL) != 0),
+                         "PER_SM": per_sm,
                          "CHUNKS": chunks, "EXTRA": int((general & FLAG_EXTRA) != 0)},
                         warps, aligned | general, chunks, maxnreg)
             block, warps, per_sm = cfg["scale"]

@@ -1,7 +1,9 @@
 """Blockwise FP8 (float8_e4m3fn) quantization; the format is defined once, in
 python/fk/ops/fp8_quantize.py.
 
-x is an (M, K) contiguous matrix. One program quantizes one 128 x 128 tile of x, read once:
+x is an (M, K) contiguous matrix. One program quantizes one TILE_M x TILE_K tile of x, read
+once (128 x 128; 32 x 128 for the row-wise copy of 1 x 128 blocks alone, 128 x 32 for the
+column-wise one alone; FORMS):
 
   blocks of 1 x 128 (``weight == 0``): each row of the tile is one block. The row-wise copy
       q (M, K) gets the row blocks' scales at s[j, i] (scales (cdiv(K, 128), M)); the
@@ -14,9 +16,10 @@ x is an (M, K) contiguous matrix. One program quantizes one 128 x 128 tile of x,
 a = max |x|: s = max(a / 448, 2^-126) (a correctly rounded fp32 division), 1.0 for an
 all-zero block, rounded up to a power of two when ``pow2 != 0``, NaN when the block holds
 an inf or a NaN.
-q = x / s (correctly rounded), clamped to [-448, 448] (NaN stays NaN), then rounded to the
-output element type by the store: to nearest even with float8_e4m3fn outputs (the kernel is
-also run with float32 outputs under the interpreter, which tests everything up to that
+q = x * r with r = 1 / s (one correctly rounded reciprocal per block, then one multiply an
+element: a division per element cost half the kernel's time), clamped to [-448, 448] (NaN
+stays NaN), then rounded to the output element type by the store: to nearest even with
+float8_e4m3fn outputs (the kernel is also run with float32 outputs under the interpreter, which tests everything up to that
 cast). Masked elements of partial tiles read as 0 and are not stored.
 
 The FP8 variants are built for sm_90 and newer only: 8.x GPUs run the sm_80 cubins, and
@@ -31,6 +34,16 @@ from _common import fp8_quantize_values as _quantize
 from _common import fp8_scale as _scale
 
 TILE = 128
+# Variant flags: the tile of a form of the op (the kernel takes any TILE_M x TILE_K whose
+# blocks' 128 elements lie in one program: TILE_K = 128 for row-wise 1 x 128 blocks,
+# TILE_M = 128 for column-wise ones, both for 128 x 128 blocks).
+FLAG_ROWS = 2  # 1 x 128 blocks, the row-wise copy alone
+FLAG_COLS = 4  # 1 x 128 blocks, the column-wise copy alone
+FLAG_WEIGHT = 8  # 128 x 128 blocks
+# (flags, TILE_M, TILE_K, warps) per form; no flag: 1 x 128 blocks, both copies. From
+# benchmarks/tune_fp8_quantize.py on an H100 at 8192 x 4096 bf16 (benchmarks/NOTES.md v14).
+FORMS = ((0, 128, 128, 8), (FLAG_ROWS, 32, 128, 4), (FLAG_COLS, 128, 32, 4),
+         (FLAG_WEIGHT, 128, 128, 16))
 
 
 @triton.jit
@@ -80,10 +93,12 @@ def variants(arch: int) -> list:
         sig.update({"TILE_M": "constexpr", "TILE_K": "constexpr"})
         # FLAG_ALIGNED: M and K multiples of 16 and x 16-byte aligned, so that the loads and
         # the float8 stores (one byte each otherwise) are 16 bytes wide.
-        for flags in (0, FLAG_ALIGNED):
-            out.append(Variant(family="fp8_quantize", kernel="fp8_quantize_kernel", dtype=dt,
-                               block=TILE, signature=sig,
-                               constexprs={"TILE_M": TILE, "TILE_K": TILE}, num_warps=8,
-                               flags=flags,
-                               divisible_by_16=aligned_args(sig, flags, ("M", "K"))))
+        for form, tile_m, tile_k, warps in FORMS:
+            for aligned in (0, FLAG_ALIGNED):
+                flags = form | aligned
+                out.append(Variant(family="fp8_quantize", kernel="fp8_quantize_kernel",
+                                   dtype=dt, block=TILE, signature=sig,
+                                   constexprs={"TILE_M": tile_m, "TILE_K": tile_k},
+                                   num_warps=warps, flags=flags,
+                                   divisible_by_16=aligned_args(sig, flags, ("M", "K"))))
     return out

@@ -624,7 +624,29 @@ void check_fused_linear_jsd() {
       {xs, ws}, 0);
 }
 
-}  // namespace
+void check_moe() {
+  const int64_t t = 7, e = 5, k = 2, pad_to = 4;
+  const at::Tensor x = randn({t, 3}), probs = at::rand({t, e}, kOpts);
+  const at::Tensor rmap =
+      at::zeros({t, e}, at::kBool).scatter_(1, std::get<1>(at::randn({t, e}).topk(k, 1)), true);
+  const int64_t bound = fk::moe_permute_bound(t, e, k, pad_to);
+  auto permute = [=](const Tensors& in) {
+    auto [permuted, pp, map, tpe] = fk::moe_permute(in[0], rmap, in[1], pad_to, bound);
+    return Tensors{permuted, pp};
+  };
+  gradcheck("moe_permute", permute, {x, probs}, {true, true});
+  gradcheck("moe_permute frozen probs", permute, {x, probs}, {true, false});
+  gradcheck("moe_permute permuted unused", permute, {x, probs}, {true, true}, {false, true});
+  check_double_backward("moe_permute", permute, {x, probs}, 0);
+  const at::Tensor map = std::get<2>(fk::moe_permute(x, rmap, probs, pad_to));
+  const at::Tensor y = randn({map.max().item<int64_t>() + 3, 3});
+  auto unpermute = [=](const Tensors& in) { return one(fk::moe_unpermute(in[0], map, in[1])); };
+  gradcheck("moe_unpermute", unpermute, {y, probs}, {true, true});
+  gradcheck("moe_unpermute frozen permuted", unpermute, {y, probs}, {false, true});
+  gradcheck("moe_unpermute without probs",
+            [=](const Tensors& in) { return one(fk::moe_unpermute(in[0], map)); }, {y}, {true});
+  check_double_backward("moe_unpermute", unpermute, {y, probs}, 0);
+}
 
 // fk::rms_norm_fp8 takes no float64 (its outputs are float8): its formula is checked in
 // float32 against fk::rms_norm's, whose backward it shares (gradients bit for bit), plus the
@@ -669,6 +691,8 @@ void check_rms_norm_fp8() {
   }, {x, w}, 0);
 }
 
+}  // namespace
+
 int main() {
   try {
     fk::register_autograd();
@@ -691,6 +715,7 @@ int main() {
     check_kl_div();
     check_tvd();
     check_fused_linear_jsd();
+    check_moe();
     check_rms_norm_fp8();
   } catch (const std::exception& e) {
     std::printf("FAIL error: %s\n", e.what());

@@ -1730,6 +1730,133 @@ class FusedLinearJsdFunction : public torch::autograd::Function<FusedLinearJsdFu
   }
 };
 
+// --- moe_permute / moe_unpermute: on the public ops (the backwards need the row map) -----
+
+class MoePermuteFunction : public torch::autograd::Function<MoePermuteFunction> {
+ public:
+  static constexpr const char* kOp = "fk::moe_permute";
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& tokens,
+                               const at::Tensor& routing_map,
+                               const std::optional<at::Tensor>& probs, int64_t pad_to,
+                               std::optional<int64_t> num_out_rows) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [permuted, pp, row_map, tpe] = call(tokens, routing_map, probs, pad_to, num_out_rows);
+    ctx->save_for_backward({row_map});
+    ctx->saved_data["rows"] = permuted.size(0);
+    ctx->saved_data["hidden"] = permuted.size(1);
+    ctx->saved_data["dtype"] = static_cast<int64_t>(permuted.scalar_type());
+    const bool has_probs = probs.has_value() && probs->defined();
+    ctx->saved_data["probs_dtype"] =
+        has_probs ? static_cast<int64_t>(probs->scalar_type()) : int64_t{-1};
+    ctx->mark_non_differentiable({row_map, tpe});
+    return {permuted, pp, row_map, tpe};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& row_map = saved[0];
+    const int64_t probs_dtype = ctx->saved_data["probs_dtype"].toInt();
+    // needs_input_grad counts tensor inputs only: probs, when given, is input 2
+    const bool want_probs = probs_dtype >= 0 && ctx->needs_input_grad(2);
+    const bool want_tokens = ctx->needs_input_grad(0);
+    if (!want_tokens && !want_probs) return variable_list(5);
+    return detail::once_differentiable(kOp, grads, {}, [&](bool) {
+      at::Tensor g = grads[0];
+      if (!g.defined()) {  // permuted unused: only the probs' gradient flows
+        const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+        g = at::zeros({}, row_map.options().dtype(dtype))
+                .expand({ctx->saved_data["rows"].toInt(), ctx->saved_data["hidden"].toInt()});
+      }
+      static const auto op =
+          detail::op<std::tuple<at::Tensor, at::Tensor>(
+              const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&)>(
+              "fk::_moe_permute_backward");
+      auto [dtokens, dprobs] =
+          op.call(g, want_probs ? detail::optional(grads[1]) : std::nullopt, row_map);
+      if (want_probs) {
+        const auto pdt = static_cast<at::ScalarType>(probs_dtype);
+        dprobs = dprobs.defined() ? dprobs.to(pdt)
+                                  : at::zeros(row_map.sizes(), row_map.options().dtype(pdt));
+      }
+      return variable_list{want_tokens ? dtokens : at::Tensor(), at::Tensor(),
+                           want_probs ? dprobs : at::Tensor(), at::Tensor(), at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::moe_permute.
+  static Result kernel(const at::Tensor& tokens, const at::Tensor& routing_map,
+                       const std::optional<at::Tensor>& probs, int64_t pad_to,
+                       std::optional<int64_t> num_out_rows) {
+    if (!detail::records({&tokens, detail::ptr(probs)})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(tokens, routing_map, probs, pad_to, num_out_rows);
+    }
+    auto out = apply(tokens, routing_map, probs, pad_to, num_out_rows);
+    return {out[0], out[1], out[2], out[3]};
+  }
+
+ private:
+  static Result call(const at::Tensor& tokens, const at::Tensor& routing_map,
+                     const std::optional<at::Tensor>& probs, int64_t pad_to,
+                     std::optional<int64_t> num_out_rows) {
+    static const auto op =
+        detail::op<Result(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                          int64_t, std::optional<int64_t>)>("fk::moe_permute");
+    return op.call(tokens, routing_map, probs, pad_to, num_out_rows);
+  }
+};
+
+class MoeUnpermuteFunction : public torch::autograd::Function<MoeUnpermuteFunction> {
+ public:
+  static constexpr const char* kOp = "fk::moe_unpermute";
+
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& permuted,
+                            const at::Tensor& row_id_map,
+                            const std::optional<at::Tensor>& probs) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    at::Tensor out = call(permuted, row_id_map, probs);
+    ctx->save_for_backward({permuted, row_id_map, probs.value_or(at::Tensor())});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const std::optional<at::Tensor> probs = detail::optional(saved[2]);
+    const bool want_probs = probs.has_value() && ctx->needs_input_grad(2);
+    const bool want_permuted = ctx->needs_input_grad(0);
+    if (!want_permuted && !want_probs) return variable_list(3);
+    return detail::once_differentiable(kOp, grads, {&saved[0], &saved[2]}, [&](bool) {
+      static const auto op =
+          detail::op<std::tuple<at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const std::optional<at::Tensor>&, bool)>("fk::_moe_unpermute_backward");
+      auto [dperm, dprobs] = op.call(grads[0], saved[0], saved[1], probs, want_probs);
+      return variable_list{want_permuted ? dperm : at::Tensor(), at::Tensor(), dprobs};
+    });
+  }
+
+  // The Autograd kernel of fk::moe_unpermute.
+  static at::Tensor kernel(const at::Tensor& permuted, const at::Tensor& row_id_map,
+                           const std::optional<at::Tensor>& probs) {
+    if (!detail::records({&permuted, detail::ptr(probs)})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(permuted, row_id_map, probs);
+    }
+    return apply(permuted, row_id_map, probs);
+  }
+
+ private:
+  static at::Tensor call(const at::Tensor& permuted, const at::Tensor& row_id_map,
+                         const std::optional<at::Tensor>& probs) {
+    static const auto op =
+        detail::op<at::Tensor(const at::Tensor&, const at::Tensor&,
+                              const std::optional<at::Tensor>&)>("fk::moe_unpermute");
+    return op.call(permuted, row_id_map, probs);
+  }
+};
+
 namespace detail {
 
 // The Autograd kernels, on the operators Python registers its formulas on.
@@ -1757,6 +1884,8 @@ inline void register_kernels(torch::Library& m) {
   m.impl("kl_div", &KlDivFunction::kernel);
   m.impl("tvd", &TvdFunction::kernel);
   m.impl("fused_linear_jsd", &FusedLinearJsdFunction::kernel);
+  m.impl("moe_permute", &MoePermuteFunction::kernel);
+  m.impl("moe_unpermute", &MoeUnpermuteFunction::kernel);
 }
 
 }  // namespace detail
@@ -1769,7 +1898,8 @@ inline void register_kernels(torch::Library& m) {
 //                         fk::llama4_rope, fk::qwen2vl_mrope,
 //                         fk::cross_entropy, fk::fused_linear_cross_entropy, fk::jsd,
 //                         fk::kl_div (which refuses a target that requires grad), fk::tvd,
-//                         fk::fused_linear_jsd, fk::rms_norm_fp8 (through y only);
+//                         fk::fused_linear_jsd, fk::moe_permute, fk::moe_unpermute,
+//                         fk::rms_norm_fp8 (through y only);
 //   the internal forward: fk::_rms_norm_forward, fk::_fused_add_rms_norm_forward,
 //                         fk::_layer_norm_forward, fk::_swiglu_linear_forward,
 //                         fk::_poly_norm_forward, fk::_group_norm_forward,

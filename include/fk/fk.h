@@ -14,6 +14,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <array>
 #include <optional>
 #include <string>
@@ -447,6 +448,43 @@ inline at::Tensor fp8_dequantize(const at::Tensor& data, const at::Tensor& scale
   static const auto op = detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t,
                                                at::ScalarType)>("fk::fp8_dequantize");
   return op.call(data, scales, block_rows, dtype);
+}
+
+// Mixture-of-experts tokens (T, H) gathered into expert-major rows, each expert's segment
+// padded to a multiple of pad_to rows (fk.moe_permute, python/fk/ops/moe_permute.py):
+// routing_map (T, E) bool or integers, probs (T, E) float32 or tokens' dtype (optional).
+// Returns (permuted (N, H), permuted_probs (N,) or undefined, row_id_map (T, E) int32 with
+// the row of token t for expert e or -1, tokens_per_expert (E,) int32: the padded segment
+// sizes). num_out_rows: N, with no host synchronisation (moe_permute_bound gives the bound
+// for top-k routing); without it N is exactly the rows the segments need (one sync).
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permute(
+    const at::Tensor& tokens, const at::Tensor& routing_map,
+    const std::optional<at::Tensor>& probs = std::nullopt, int64_t pad_to = 16,
+    std::optional<int64_t> num_out_rows = std::nullopt) {
+  static const auto op =
+      detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+          const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t,
+          std::optional<int64_t>)>("fk::moe_permute");
+  return op.call(tokens, routing_map, probs, pad_to, num_out_rows);
+}
+
+// The most rows moe_permute's segments need when each of num_tokens tokens goes to at most
+// topk of num_experts experts (fk.ops.moe_permute.moe_permute_bound).
+inline int64_t moe_permute_bound(int64_t num_tokens, int64_t num_experts, int64_t topk,
+                                 int64_t pad_to = 16) {
+  const int64_t routed = num_tokens * topk;
+  const int64_t bound = routed + std::min(num_experts, routed) * (pad_to - 1);
+  return std::min(bound, num_experts * ((num_tokens + pad_to - 1) / pad_to * pad_to));
+}
+
+// out (T, H): per token the sum over its experts of probs[t, e] * permuted[row_id_map[t, e]]
+// (weights 1 without probs), accumulated in fp32, in permuted's dtype.
+inline at::Tensor moe_unpermute(const at::Tensor& permuted, const at::Tensor& row_id_map,
+                                const std::optional<at::Tensor>& probs = std::nullopt) {
+  static const auto op =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&)>("fk::moe_unpermute");
+  return op.call(permuted, row_id_map, probs);
 }
 
 // RMSNorm (fk::rms_norm, casting "llama", offset 0) of x (..., K) with its output y

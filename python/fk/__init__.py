@@ -19,6 +19,7 @@ load_library()
 from . import nn  # noqa: E402
 from .ops.cross_entropy import CrossEntropyOutput, cross_entropy  # noqa: E402
 from .ops.dyt import dyt  # noqa: E402
+from .ops.fp8_linear import fp8_linear  # noqa: E402
 from .ops.fp8_quantize import fp8_dequantize, fp8_quantize  # noqa: E402
 from .ops.fused_add_rms_norm import fused_add_rms_norm  # noqa: E402
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
@@ -28,6 +29,7 @@ from .ops.group_norm import group_norm  # noqa: E402
 from .ops.jsd import jsd  # noqa: E402
 from .ops.kl_div import kl_div  # noqa: E402
 from .ops.layer_norm import layer_norm  # noqa: E402
+from .ops.moe_permute import moe_permute, moe_unpermute  # noqa: E402
 from .ops.llama4_rope import llama4_rope  # noqa: E402
 from .ops.neighborhood_attention import neighborhood_attention  # noqa: E402
 from .ops.poly_norm import poly_norm  # noqa: E402
@@ -44,17 +46,19 @@ from .ops.vocab_parallel_cross_entropy import (  # noqa: E402
     vocab_parallel_cross_entropy, vocab_parallel_fused_linear_cross_entropy)
 from .ops import _sharding  # noqa: E402
 
-_sharding.register()  # DTensor rules of the ops above
+_sharding.register_when_imported()  # DTensor rules of the ops above
 
 __version__ = "0.1.0"
 
 #: Pass to CMake (CMAKE_PREFIX_PATH) so that ``find_package(fk)`` finds this installation.
 cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
-__all__ = ["CrossEntropyOutput", "cross_entropy", "dyt", "fp8_dequantize", "fp8_quantize",
+__all__ = ["CrossEntropyOutput", "cross_entropy", "dyt", "fp8_dequantize", "fp8_linear",
+           "fp8_quantize",
            "fused_add_rms_norm",
            "fused_linear_cross_entropy", "fused_linear_jsd", "geglu", "group_norm", "jsd",
-           "kl_div", "layer_norm", "llama4_rope", "neighborhood_attention", "poly_norm", "qwen2vl_mrope", "rms_norm",
+           "kl_div", "layer_norm", "llama4_rope", "moe_permute", "moe_unpermute",
+           "neighborhood_attention", "poly_norm", "qwen2vl_mrope", "rms_norm",
            "rms_norm_fp8",
            "rope", "rope_", "softmax", "sparsemax", "swiglu", "swiglu_linear", "tvd",
            "vocab_parallel_cross_entropy", "vocab_parallel_fused_linear_cross_entropy",

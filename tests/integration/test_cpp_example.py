@@ -43,7 +43,8 @@ SCRIPT_CHECKS = ["torchscript forward vs C++ reference", "torchscript forward vs
 AUTOGRAD_OPS = ["swiglu", "geglu", "rms_norm", "fused_add_rms_norm", "layer_norm", "softmax",
                 "rope", "swiglu_linear", "cross_entropy", "fused_linear_cross_entropy", "jsd",
                 "kl_div", "tvd", "fused_linear_jsd", "dyt", "poly_norm", "sparsemax",
-                "llama4_rope", "qwen2vl_mrope", "group_norm", "neighborhood_attention"]
+                "llama4_rope", "qwen2vl_mrope", "group_norm", "neighborhood_attention",
+                "moe_permute", "moe_unpermute"]
 
 
 def _tool(name: str) -> str:

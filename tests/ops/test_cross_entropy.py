@@ -204,10 +204,12 @@ def test_interpreter_extra_outputs_and_token_scaling(dtype, option, reduction):
     for scaling in (False, True):
         ref_loss, ref_z = ref_cross_entropy(x, t, token_scaling=scaling, **kw)
         ref_g = _ref_grad(x, t, dict(kw, token_scaling=scaling), g_out)
+        # the EXTRA variants are general ones where the options need it, else plain ones
+        general = int(option not in ("plain", "zloss"))
         for block, grid, in_place in ((32, 3, True), (128, n, False)):
             pred = torch.full((n,), 12345)
-            loss, z, grad = _run_fwd_kernel(mod, x.clone(), t, w, kw, block, 1, grid, in_place,
-                                            pred=pred, token_scaling=scaling)
+            loss, z, grad = _run_fwd_kernel(mod, x.clone(), t, w, kw, block, general, grid,
+                                            in_place, pred=pred, token_scaling=scaling)
             assert torch.equal(pred, ref_pred), (block, pred, ref_pred)
             what = f"scaling={scaling}, block {block}"
             assert_close(loss, ref_loss, torch.float32, factor=2, what=f"loss, {what}")

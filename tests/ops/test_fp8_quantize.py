@@ -66,43 +66,59 @@ def special_input(dtype):
 # --- level 1: the Triton source under the interpreter ----------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block", BLOCKS)
+@pytest.mark.parametrize("form", ["both", "rows", "cols", "weight"])
 @pytest.mark.parametrize("pow2", [False, True])
 @pytest.mark.parametrize("shape", [(130, 200), (128, 128), "special"])
-def test_interpreter(dtype, block, pow2, shape):
-    """The kernel with float32 outputs: everything up to the float8 cast. Triton 3.6's
-    interpreter converts to float8 wrongly (no saturation, no ties to even, NaN to 384), so
-    the cast itself is tested on the GPU only (test_cuda_matches_cpu)."""
+def test_interpreter(dtype, form, pow2, shape):
+    """The kernel with float32 outputs, in each form's tile (FORMS): everything up to the
+    float8 cast. Triton 3.6's interpreter converts to float8 wrongly (no saturation, no ties
+    to even, NaN to 384), so the cast itself is tested on the GPU only
+    (test_cuda_matches_cpu)."""
     mod = load_triton_src("fp8_quantize")
     x = special_input(dtype) if shape == "special" else randn(*shape, dtype=dtype, scale=3.0)
     m, k = x.shape
-    weight = block == (128, 128)
+    flag = {"both": 0, "rows": mod.FLAG_ROWS, "cols": mod.FLAG_COLS,
+            "weight": mod.FLAG_WEIGHT}[form]
+    _, tile_m, tile_k, _ = next(f for f in mod.FORMS if f[0] == flag)
+    block = (128, 128) if form == "weight" else (1, 128)
+    want_row, want_col = form != "cols", form != "rows"
     rq, rs, rqt, rst = ref_quantize(x, block, pow2)
     q = torch.full((m, k), math.nan)
     qt = torch.full((k, m), math.nan)
     s = torch.full(rs.shape, -1.0)
     st = torch.full(rst.shape, -1.0)
-    mod.fp8_quantize_kernel[(cdiv(m, 128), cdiv(k, 128))](
-        x, q, s, qt, st, m, k, int(weight), 1, 1, int(pow2), TILE_M=128, TILE_K=128)
-    same(q, rq)
-    same(s, rs)
-    same(qt, rqt)
-    same(st, rst)
+    mod.fp8_quantize_kernel[(cdiv(m, tile_m), cdiv(k, tile_k))](
+        x, q, s, qt, st, m, k, int(form == "weight"), int(want_row), int(want_col), int(pow2),
+        TILE_M=tile_m, TILE_K=tile_k)
+    if want_row:
+        same(q, rq)
+        same(s, rs)
+    else:
+        assert torch.isnan(q).all() and (s == -1).all()
+    if want_col:
+        same(qt, rqt)
+        same(st, rst)
+    else:
+        assert torch.isnan(qt).all() and (st == -1).all()
 
 
 def test_variants_cover_every_dtype():
-    """sm_90 and newer: one float8 variant per input dtype; sm_80 (which serves all of 8.x):
-    none, so the launcher's capability check is what an 8.x GPU meets."""
+    """sm_90 and newer: per input dtype, one float8 variant per form and alignment; sm_80
+    (which serves all of 8.x): none, so the launcher's capability check is what an 8.x GPU
+    meets."""
     mod = load_triton_src("fp8_quantize")
     assert mod.variants(80) == []
+    forms = (0, mod.FLAG_ROWS, mod.FLAG_COLS, mod.FLAG_WEIGHT)
     for arch in (90, 100, 120):
         vs = mod.variants(arch)
-        assert sorted((v.dtype, v.flags) for v in vs) == [
-            (dt, f) for dt in ("bf16", "fp16", "fp32") for f in (0, 1)]
+        assert sorted((v.dtype, v.flags) for v in vs) == sorted(
+            (dt, f | a) for dt in ("bf16", "fp16", "fp32") for f in forms for a in (0, 1))
         for v in vs:
-            assert ("M" in v.divisible_by_16) == (v.flags == 1)
+            assert ("M" in v.divisible_by_16) == bool(v.flags & 1)
             assert v.signature["q_ptr"] == v.signature["qt_ptr"] == "*fp8e4nv"
             assert v.signature["x_ptr"] == f"*{v.dtype}" and v.block == 128
+            form = next(f for f in mod.FORMS if f[0] == v.flags & ~1)
+            assert (v.constexprs["TILE_M"], v.constexprs["TILE_K"]) == form[1:3]
 
 
 # --- level 2: the CPU backend -----------------------------------------------------------

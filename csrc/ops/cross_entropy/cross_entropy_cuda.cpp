@@ -51,10 +51,10 @@ void cross_entropy_rows_cuda(const Tensor& logits, const Tensor& grad, const Ten
   FK_CHECK(g.scalar_type() == logits.scalar_type() && logits.stride(1) == 1 && g.stride(1) == 1,
            op, ": internal error: the gradient must have the logits' dtype and both unit "
            "column strides");
-  // The argmax and token scaling run in the EXTRA variants, which are general ones.
+  // The argmax and token scaling run in the EXTRA variants (general ones where the options
+  // need it, else plain ones of one program per row).
   const bool extra = pred.defined() || o.token_scaling;
-  const bool general =
-      extra || weight.defined() || o.label_smoothing > 0.0 || o.softcap.has_value();
+  const bool general = weight.defined() || o.label_smoothing > 0.0 || o.softcap.has_value();
   const bool aligned = v % 16 == 0 && logits.stride(0) % 16 == 0 && g.stride(0) % 16 == 0 &&
                        runtime::aligned16({&logits, &g});
   const uint32_t flags = (aligned ? runtime::kFlagAligned : 0) | (general ? kFlagGeneral : 0) |

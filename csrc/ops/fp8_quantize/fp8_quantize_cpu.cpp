@@ -32,9 +32,10 @@ Tensor abs_nan_inf(const Tensor& x) {
   return aten::where(aten::ne(a, a), aten::scalar(INFINITY), a);
 }
 
-// x / s clamped to [-448, 448] (NaN kept), rounded to float8_e4m3fn.
+// x times the fp32 reciprocal of s, clamped to [-448, 448] (NaN kept), rounded to
+// float8_e4m3fn.
 Tensor to_fp8(const Tensor& x, const Tensor& s) {
-  auto q = aten::div(x, s);
+  auto q = aten::mul(x, op1("aten::reciprocal", s));
   q = aten::maximum(aten::minimum(q, aten::scalar(448.0)), aten::scalar(-448.0));
   return aten::contiguous(aten::to(q, kFloat8e4m3));
 }

@@ -1,5 +1,7 @@
 // CUDA kernel of fk::fp8_quantize: AOT-compiled Triton (triton_src/fp8_quantize.py). One
-// launch over the 128 x 128 tiles of x reads x once and writes every copy asked for.
+// launch over the tiles of x reads x once and writes every copy asked for; the tile depends
+// on the form (FORMS there): 128 x 128, or 32 x 128 / 128 x 32 for one copy of 1 x 128
+// blocks.
 #include "ops/fp8_quantize/fp8_quantize.h"
 #include "runtime/checks.h"
 #include "runtime/kernels.h"
@@ -19,6 +21,13 @@ namespace {
 
 using checks::ceil_div;
 using runtime::KernelArgs;
+
+// The forms' variant flags and tiles (triton_src/fp8_quantize.py, FORMS).
+struct Form {
+  uint32_t flag;
+  int64_t tile_m, tile_k;
+};
+constexpr Form kBoth{0, 128, 128}, kRows{2, 32, 128}, kCols{4, 128, 32}, kWeight{8, 128, 128};
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cuda(Tensor x, int64_t block_rows,
                                                             std::string layout,
@@ -41,16 +50,21 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cuda(Tensor x, int64_t b
   }
   if (m == 0 || k == 0) return {q, s, qt, st};
   check_fp8_gpu(op, x);
-  // Tiles of 128 columns run along the grid's y dimension (at most 65535 on CUDA).
-  FK_CHECK(nk <= 65535, op, ": x has ", k, " columns; the CUDA kernel takes at most ",
-           65535 * kFp8Block, " (65535 blocks of 128)");
+  const Form form = weight ? kWeight
+                    : want.rowwise && want.columnwise ? kBoth
+                    : want.rowwise ? kRows
+                                   : kCols;
+  const int64_t tiles_m = ceil_div(m, form.tile_m), tiles_k = ceil_div(k, form.tile_k);
+  // Tiles of columns run along the grid's y dimension (at most 65535 on CUDA).
+  FK_CHECK(tiles_k <= 65535, op, ": x has ", k, " columns; the CUDA kernel takes at most ",
+           65535 * form.tile_k, " here (65535 tiles of ", form.tile_k, ")");
   auto xc = aten::contiguous(x);
   static const auto& fam = runtime::family("fp8_quantize");
   // The aligned variant: M and K multiples of 16 and x 16-byte aligned (the outputs are
   // fresh allocations).
-  const uint32_t flags =
+  const uint32_t aligned =
       m % 16 == 0 && k % 16 == 0 && runtime::aligned16({&xc}) ? runtime::kFlagAligned : 0;
-  const auto& kern = fam.pick(op, xc, kFp8Block, flags);
+  const auto& kern = fam.pick(op, xc, kFp8Block, form.flag | aligned);
   const Tensor& q_any = want.rowwise ? q : qt;  // the pointers of a copy not asked for are
   const Tensor& s_any = want.rowwise ? s : st;  // never written; any valid one will do
   KernelArgs args;
@@ -58,7 +72,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cuda(Tensor x, int64_t b
       .ptr(want.columnwise ? qt : q_any).ptr(want.columnwise ? st : s_any)
       .i64(m).i64(k).i32(weight ? 1 : 0).i32(want.rowwise ? 1 : 0)
       .i32(want.columnwise ? 1 : 0).i32(pow2_scales ? 1 : 0);
-  runtime::launch(op, kern, x.device(), {nm, nk, 1}, args);
+  runtime::launch(op, kern, x.device(), {tiles_m, tiles_k, 1}, args);
   return {q, s, qt, st};
 }
 

@@ -1,6 +1,7 @@
 """Modules built on fk ops, drop-in for their torch / Hugging Face counterparts."""
 from .cross_entropy import CrossEntropyLoss
 from .dyt import DyT
+from .fp8_linear import FP8Linear, convert_to_fp8_linear
 from .fused_add_rms_norm import FusedAddRMSNorm
 from .fused_linear_cross_entropy import FusedLinearCrossEntropyLoss
 from .fused_linear_jsd import FusedLinearJSD
@@ -19,7 +20,8 @@ from .swiglu_linear import FusedSwiGLU, FusedSwiGLUMLP
 from .tiled_mlp import TiledGEGLUMLP, TiledSwiGLUMLP
 from .tvd import TVDLoss
 
-__all__ = ["CrossEntropyLoss", "DyT", "FusedAddRMSNorm", "FusedLinearCrossEntropyLoss",
+__all__ = ["CrossEntropyLoss", "DyT", "FP8Linear", "convert_to_fp8_linear", "FusedAddRMSNorm",
+           "FusedLinearCrossEntropyLoss",
            "FusedLinearJSD", "GEGLUMLP", "GroupNorm", "JSD", "KLDivLoss", "LayerNorm",
            "NeighborhoodAttention", "PolyNorm", "RMSNorm", "Softmax", "Sparsemax", "SwiGLUMLP",
            "FusedSwiGLU", "FusedSwiGLUMLP", "TVDLoss", "TiledSwiGLUMLP", "TiledGEGLUMLP"]

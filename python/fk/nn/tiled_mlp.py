@@ -210,8 +210,7 @@ def _compute_dtype(x: torch.Tensor, weight: torch.Tensor, name: str) -> torch.dt
     return x.dtype
 
 
-@torch.compiler.disable
-def tiled_gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+def _tiled_gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
                     w_down: torch.Tensor, b_gate: Optional[torch.Tensor] = None,
                     b_up: Optional[torch.Tensor] = None, b_down: Optional[torch.Tensor] = None,
                     activation: str = "swiglu", num_shards: Optional[int] = None,
@@ -251,6 +250,24 @@ def tiled_gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
                                            activation, num_shards, cdt, acc_dtype)
 
 
+_DISABLED = None
+
+
+def _compiler_disabled():
+    """``tiled_gated_mlp``: the function above under ``torch.compiler.disable``, made on first
+    use (the decorator imports torch._dynamo, a second of ``import fk`` otherwise)."""
+    global _DISABLED
+    if _DISABLED is None:
+        _DISABLED = torch.compiler.disable(_tiled_gated_mlp)
+    return _DISABLED
+
+
+def __getattr__(name: str):
+    if name == "tiled_gated_mlp":
+        return _compiler_disabled()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class _TiledMLP(GatedMLP):
     _activation = "swiglu"
 
@@ -264,7 +281,7 @@ class _TiledMLP(GatedMLP):
         self.fp32_grad_accumulation = fp32_grad_accumulation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return tiled_gated_mlp(x, self.gate_proj.weight, self.up_proj.weight,
+        return _compiler_disabled()(x, self.gate_proj.weight, self.up_proj.weight,
                                self.down_proj.weight, self.gate_proj.bias, self.up_proj.bias,
                                self.down_proj.bias, self._activation, self.num_shards,
                                self.fp32_grad_accumulation)

@@ -22,8 +22,50 @@ autograd formulas run above DTensor, so gradients come back as DTensors):
   non-ignored rows over all shards (a mean of per-shard means would be wrong); with class
   weights it is computed on replicated rows.
 Everything also runs replicated.
+
+The rules are registered when ``torch.distributed.tensor`` is imported (at ``import fk`` if it
+already is, else by an import hook): importing it takes about half a second, which a
+program that never uses DTensor should not pay.
 """
+import importlib.abc
+import importlib.util
+import sys
+
 import torch
+
+_MODULE = "torch.distributed.tensor"
+
+
+class _RegisterAfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the loader of ``torch.distributed.tensor`` so that the
+    rules are registered right after that module has run, then leaves ``sys.meta_path``."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            register()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def register_when_imported() -> None:
+    """Registers the rules now if ``torch.distributed.tensor`` is imported, else on its
+    import."""
+    if not torch.distributed.is_available():
+        return
+    if _MODULE in sys.modules:
+        register()
+    elif not any(isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterAfterImport())
 
 
 def register() -> None:

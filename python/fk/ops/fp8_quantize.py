@@ -11,8 +11,13 @@ triton_src/fp8_quantize.py implement it):
   them to zero). An all-zero block gets ``s = 1.0`` (its data are zeros, which dequantize
   to exact zeros). With ``pow2_scales=True`` ``s`` is rounded *up* to a power of two, so
   that applying it is exact.
-* ``q = x / s`` as one correctly rounded float32 division, clamped to [-448, 448], then
+* ``q = x * r`` with ``r = 1 / s`` (the block's reciprocal, correctly rounded to float32;
+  then one correctly rounded float32 product an element, as DeepSeek-V3's and
+  TransformerEngine's quantizers multiply rather than divide), clamped to [-448, 448], then
   rounded to float8_e4m3fn to nearest (ties to even) as ``.to(torch.float8_e4m3fn)`` does.
+  With power-of-two scales this is exactly ``x / s``; otherwise ``x * r`` and ``x / s``
+  differ by at most one float32 rounding, which the float8 rounding hides but for values
+  within that of a float8 rounding boundary.
 * inf and NaN: a block holding any inf or NaN gets ``s = NaN`` and all its data NaN (so it
   dequantizes to NaN throughout); every other block is unaffected. The same on every
   backend.
