@@ -14,7 +14,8 @@ squares, so the column-wise copy is written from a second read of x:
                              rstd, and when asked the row-wise copy and y.
   rms_norm_fp8_rstd_kernel   rstd only, one row per program, any K (chunks of BLOCK_K).
   rms_norm_fp8_tile_kernel   one 128 x 128 tile of x per program, given rstd: any of the
-                             row-wise copy, the column-wise copy and y.
+                             row-wise copy, the column-wise copy and y (128 x 32 tiles for
+                             the column-wise copy alone).
 
 The C++ side runs rows (+ tile for the column-wise copy) when K fits the largest rows
 block, else rstd + tile. Masked elements of partial tiles read as 0 and are not stored.
@@ -99,6 +100,11 @@ def rms_norm_fp8_tile_kernel(x_ptr, w_ptr, rstd_ptr, q_ptr, s_ptr, qt_ptr, st_pt
                     want_col, pow2)
 
 
+# Tiles of the tile kernel: (flags, TILE_M, TILE_K, warps). No flag: 128 x 128, any outputs;
+# FLAG_COLS: 128 x 32 for the column-wise copy alone (what fp8_quantize's tuning found
+# fastest for that copy on an H100; benchmarks/NOTES.md v14).
+FLAG_COLS = 2
+TILE_FORMS = ((0, TILE, TILE, 8), (FLAG_COLS, TILE, 32, 4))
 # Single-pass buckets: (BLOCK_K, rows per program, warps); wider rows take rstd + tile.
 _ROWS_BUCKETS = ((256, 8, 4), (1024, 2, 4), (2048, 1, 8), (4096, 1, 8), (8192, 1, 16),
                  (16384, 1, 16))
@@ -128,17 +134,19 @@ def variants(arch: int) -> list:
         # FLAG_ALIGNED: K (and M, for the tile kernel's column-wise stores) multiples of 16,
         # every tensor 16-byte aligned.
         for flags in (0, FLAG_ALIGNED):
-            def add(family, kernel, args, block, constexprs, warps, extra):
+            def add(family, kernel, args, block, constexprs, warps, extra, form=0):
                 sig = _signature(args, dt, constexprs)
                 out.append(Variant(family=family, kernel=kernel, dtype=dt, block=block,
                                    signature=sig, constexprs=constexprs, num_warps=warps,
-                                   flags=flags, divisible_by_16=aligned_args(sig, flags, extra)))
+                                   flags=form | flags,
+                                   divisible_by_16=aligned_args(sig, flags, extra)))
 
             for block, rows, warps in _ROWS_BUCKETS:
                 add("rms_norm_fp8_rows", "rms_norm_fp8_rows_kernel", _ROWS_ARGS, block,
                     {"BLOCK_K": block, "ROWS": rows}, warps, ("K",))
             add("rms_norm_fp8_rstd", "rms_norm_fp8_rstd_kernel", _RSTD_ARGS, RSTD_BLOCK,
                 {"BLOCK_K": RSTD_BLOCK}, 8, ("K",))
-            add("rms_norm_fp8_tile", "rms_norm_fp8_tile_kernel", _TILE_ARGS, TILE,
-                {"TILE_M": TILE, "TILE_K": TILE}, 8, ("M", "K"))
+            for form, tile_m, tile_k, warps in TILE_FORMS:
+                add("rms_norm_fp8_tile", "rms_norm_fp8_tile_kernel", _TILE_ARGS, TILE,
+                    {"TILE_M": tile_m, "TILE_K": tile_k}, warps, ("M", "K"), form)
     return out

@@ -108,10 +108,12 @@ def test_interpreter(dtype, pow2, shape):
                                                            1, int(pow2), BLOCK_K=512, ROWS=rows)
         else:  # rstd kernel (chunks of 128), tiles writing everything
             mod.rms_norm_fp8_rstd_kernel[(m,)](x, rstd, m, k, EPS, BLOCK_K=128)
+        # as the CUDA side launches it: 128 x 32 tiles for the column-wise copy alone
         row_in_tiles = int(path == "rstd")
-        mod.rms_norm_fp8_tile_kernel[(nm, nk)](x, w, rstd, q, s, qt, st, y, m, k, row_in_tiles,
-                                               1, row_in_tiles, int(pow2), TILE_M=128,
-                                               TILE_K=128)
+        tile_k = 128 if row_in_tiles else 32
+        mod.rms_norm_fp8_tile_kernel[(nm, cdiv(k, tile_k))](
+            x, w, rstd, q, s, qt, st, y, m, k, row_in_tiles, 1, row_in_tiles, int(pow2),
+            TILE_M=128, TILE_K=tile_k)
         assert_close(y, ref_y, dtype, factor=1.5, what=f"y ({path})")
         assert_close(rstd, ref_rstd(x), torch.float32, what=f"rstd ({path})")
         for g, want in zip((q, s, qt, st), ref_quantize(y, (1, 128), pow2)):
@@ -119,17 +121,23 @@ def test_interpreter(dtype, pow2, shape):
 
 
 def test_variants_cover_every_dtype():
-    """sm_90 and newer: every family for every dtype, plain and aligned; sm_80: none."""
+    """sm_90 and newer: every family for every dtype, plain and aligned (the tile kernel in
+    both its forms); sm_80: none."""
     mod = load_triton_src("rms_norm_fp8")
     assert mod.variants(80) == []
     vs = mod.variants(90)
-    for fam in ("rms_norm_fp8_rows", "rms_norm_fp8_rstd", "rms_norm_fp8_tile"):
+    forms = {"rms_norm_fp8_rows": (0,), "rms_norm_fp8_rstd": (0,),
+             "rms_norm_fp8_tile": (0, mod.FLAG_COLS)}
+    for fam, fam_forms in forms.items():
         got = {(v.dtype, v.flags) for v in vs if v.family == fam}
-        assert got == {(dt, f) for dt in ("bf16", "fp16", "fp32") for f in (0, 1)}, fam
+        assert got == {(dt, form | f) for dt in ("bf16", "fp16", "fp32") for f in (0, 1)
+                       for form in fam_forms}, fam
+    assert {(v.flags & mod.FLAG_COLS, v.constexprs["TILE_K"]) for v in vs
+            if v.family == "rms_norm_fp8_tile"} == {(0, 128), (mod.FLAG_COLS, 32)}
     for v in vs:
         assert v.signature["x_ptr"] == f"*{v.dtype}"
         assert v.signature.get("q_ptr", "*fp8e4nv") == "*fp8e4nv"
-        assert ("K" in v.divisible_by_16) == (v.flags == 1)
+        assert ("K" in v.divisible_by_16) == bool(v.flags & 1)
 
 
 # --- level 2: the CPU backend -----------------------------------------------------------

@@ -20,6 +20,11 @@ using runtime::KernelArgs;
 
 using Out6 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 
+// The tile kernel's form for the column-wise copy alone: variant flag and tile width
+// (triton_src/rms_norm_fp8.py, FLAG_COLS / TILE_FORMS).
+constexpr uint32_t kColsOnly = 2;
+constexpr int64_t kColsTileK = 32;
+
 Out6 rms_norm_fp8_cuda(Tensor x, Tensor weight, double eps, std::string layout,
                        bool pow2_scales, bool return_norm) {
   constexpr const char* op = "fk::rms_norm_fp8";
@@ -68,16 +73,21 @@ Out6 rms_norm_fp8_cuda(Tensor x, Tensor weight, double eps, std::string layout,
     args.ptr(rows.x2d).ptr(rstd).i64(m).i64(k).f32(eps);
     runtime::launch(op, kern, dev, {m, 1, 1}, args);
   }
-  // Tiles of 128 columns run along the grid's y dimension (at most 65535 on CUDA).
-  FK_CHECK(nk <= 65535, op, ": x has ", k, " columns; the CUDA kernel takes at most ",
-           65535 * kFp8Block, " (65535 blocks of 128)");
   const bool row_here = want.rowwise && !fits, y_here = return_norm && !fits;
-  const auto& kern = tiles.pick(op, rows.x2d, kFp8Block, tile_flags);
+  // The column-wise copy alone: 128 x 32 tiles (kColsOnly), else 128 x 128.
+  const bool cols_only = !row_here && !y_here;
+  const int64_t tile_k = cols_only ? kColsTileK : kFp8Block;
+  const int64_t tiles_k = ceil_div(k, tile_k);
+  // Tiles of columns run along the grid's y dimension (at most 65535 on CUDA).
+  FK_CHECK(tiles_k <= 65535, op, ": x has ", k, " columns; the CUDA kernel takes at most ",
+           65535 * tile_k, " here (65535 tiles of ", tile_k, ")");
+  const auto& kern =
+      tiles.pick(op, rows.x2d, kFp8Block, tile_flags | (cols_only ? kColsOnly : 0u));
   KernelArgs args;
   args.ptr(rows.x2d).ptr(w).ptr(rstd).ptr(ptr(q)).ptr(ptr(s)).ptr(ptr(qt)).ptr(ptr(st))
       .ptr(ptr(y)).i64(m).i64(k).i32(row_here ? 1 : 0).i32(want.columnwise ? 1 : 0)
       .i32(y_here ? 1 : 0).i32(pow2_scales ? 1 : 0);
-  runtime::launch(op, kern, dev, {nm, nk, 1}, args);
+  runtime::launch(op, kern, dev, {nm, tiles_k, 1}, args);
   return {q, s, qt, st, rstd, y};
 }
 
