@@ -165,57 +165,6 @@ def ref_grads(fn, inputs, grad_out):
     return [l.grad if l is not None and l.requires_grad else None for l in leaves]
 
 
-# --- FP8 blockwise quantization (the format of python/fk/ops/fp8_quantize.py), in float64 --
-
-def ref_scales(amax, pow2):
-    """float32 scales of blocks with float64 absolute maxima ``amax`` (NaN read as inf):
-    amax / 448 rounded once to float32 (a float64 quotient of float32 values rounds to the
-    correctly rounded float32 quotient) and at least 2^-126, 1 for 0, up to a power of two
-    when pow2, NaN for inf."""
-    s = (amax / 448.0).float().double().clamp(min=2.0 ** -126)
-    s = torch.where(amax == 0, torch.ones_like(s), s)
-    if pow2:
-        mant, exp = torch.frexp(s)
-        s = torch.where(mant == 0.5, s, torch.ldexp(torch.ones_like(s), exp))
-    return torch.where(amax == math.inf, torch.full_like(s, math.nan), s).float()
-
-
-def ref_reciprocal(s):
-    """1 / s rounded once to float32, as float64 (the float64 quotient of 1 by a float32
-    rounds to the correctly rounded float32 one); x * it in float64 is exact for float32 x,
-    so the float32 cast of the product is the correctly rounded float32 product."""
-    return (1.0 / s.double()).float().double()
-
-
-def ref_quantize_rows(x, pow2):
-    """1 x 128 blocks along the rows of a 2-D x: (q before the float8 cast, as float32;
-    scales (ceil(K / 128), M))."""
-    m, k = x.shape
-    nk = cdiv(k, 128)
-    xp = torch.zeros(m, nk * 128, dtype=torch.float64)
-    xp[:, :k] = x.double()
-    a = xp.abs().reshape(m, nk, 128)
-    amax = torch.where(torch.isnan(a), math.inf, a).amax(dim=2)
-    s = ref_scales(amax, pow2)
-    q = (xp.reshape(m, nk, 128) * ref_reciprocal(s)[:, :, None]).float().clamp(-448, 448)
-    return q.reshape(m, nk * 128)[:, :k], s.t().contiguous()
-
-
-def ref_dequantize(q, s, block):
-    """data * its block scales in float64; block (1, 128) or (128, 128)."""
-    r, c = q.shape
-    if block == (1, 128):
-        full = s.double().t().repeat_interleave(128, dim=1)[:, :c]
-    else:
-        full = s.double().repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)[:r, :c]
-    return q.double() * full
-
-
-def same(out, ref):
-    """Equal values, NaN where the reference has NaN."""
-    torch.testing.assert_close(out.float(), ref.float(), rtol=0, atol=0, equal_nan=True)
-
-
 def assert_quantized_near(data, scales, ref, rel, pow2):
     """1 x 128 row blocks (data, scales) of a float x that is within ``rel`` (relative, per
     element) of the float64 ``ref``, where x itself is not known bit for bit (a GPU's fp32
@@ -251,6 +200,23 @@ def check_compile_matches_eager(f, make_args, sizes=(5, 9), factor=10):
         for a, b in zip(args, eager_args):
             if a.requires_grad:
                 assert_close(a.grad, b.grad, torch.float32, factor=factor)
+def ref_rms_norm_grads(x, w, dy, eps, offset, mode, cast=round_nearest):
+    """float64 gradients of the reference. dx: the derivative of the fp32 formula (rounding
+    to the dtype passes gradients through unchanged). dw: sum over rows of dy times the
+    normalized x the forward multiplied the weight with, rounded as the mode rounds it (with
+    `cast`)."""
+    inputs = [x.detach().requires_grad_(), None]
+    gx = ref_grads(lambda x_, w_: ref_rms_norm(x_, None if w is None else w.detach().double(),
+                                               eps, offset, "gemma"), inputs, dy)[0]
+    if w is None:
+        return gx, None
+    if mode == "gemma":
+        xd = x.detach().double()
+        xh = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
+    else:
+        xh = ref_rms_norm(x.detach(), None, eps, 0.0, mode, cast=cast).double()
+    gw = (dy.double() * xh).reshape(-1, x.shape[-1]).sum(0)
+    return gx, gw
 
 
 # --- Triton sources under the interpreter ---------------------------------------------
@@ -281,6 +247,80 @@ def misaligned(t: torch.Tensor) -> torch.Tensor:
     view.copy_(t)
     assert view.data_ptr() % 16 != 0
     return view
+
+
+# --- blockwise FP8 (fk.fp8_quantize, fk.rms_norm_fp8): the format of
+# python/fk/ops/fp8_quantize.py, in float64 -------------------------------------------------
+
+def ref_scales(amax, pow2):
+    """float32 scales of blocks with float64 absolute maxima ``amax`` (NaN read as inf):
+    amax / 448 rounded once to float32 (a float64 quotient of float32 values rounds to the
+    correctly rounded float32 quotient) and at least 2^-126, 1 for 0, up to a power of two
+    when pow2, NaN for inf."""
+    s = (amax / 448.0).float().double().clamp(min=2.0 ** -126)
+    s = torch.where(amax == 0, torch.ones_like(s), s)
+    if pow2:
+        mant, exp = torch.frexp(s)
+        s = torch.where(mant == 0.5, s, torch.ldexp(torch.ones_like(s), exp))
+    return torch.where(amax == math.inf, torch.full_like(s, math.nan), s).float()
+
+
+def ref_reciprocal(s):
+    """1 / s rounded once to float32, as float64 (the float64 quotient of 1 by a float32
+    rounds to the correctly rounded float32 one); x * it in float64 is exact for float32 x,
+    so the float32 cast of the product is the correctly rounded float32 product."""
+    return (1.0 / s.double()).float().double()
+
+
+def ref_quantize_rows(x, pow2):
+    """1 x 128 blocks along the rows of a 2-D x: (q before the float8 cast, as float32;
+    scales (ceil(K / 128), M))."""
+    m, k = x.shape
+    nk = cdiv(k, 128)
+    xp = torch.zeros(m, nk * 128, dtype=torch.float64)
+    xp[:, :k] = x.double()
+    a = xp.abs().reshape(m, nk, 128)
+    amax = torch.where(torch.isnan(a), math.inf, a).amax(dim=2)
+    s = ref_scales(amax, pow2)
+    q = (xp.reshape(m, nk, 128) * ref_reciprocal(s)[:, :, None]).float().clamp(-448, 448)
+    return q.reshape(m, nk * 128)[:, :k], s.t().contiguous()
+
+
+def ref_quantize_tiles(x, pow2):
+    """128 x 128 blocks: (q before the cast, scales (ceil(M / 128), ceil(K / 128)))."""
+    m, k = x.shape
+    nm, nk = cdiv(m, 128), cdiv(k, 128)
+    xp = torch.zeros(nm * 128, nk * 128, dtype=torch.float64)
+    xp[:m, :k] = x.double()
+    a = xp.abs().reshape(nm, 128, nk, 128)
+    amax = torch.where(torch.isnan(a), math.inf, a).amax(dim=(1, 3))
+    s = ref_scales(amax, pow2)
+    q = (xp.reshape(nm, 128, nk, 128) * ref_reciprocal(s)[:, None, :, None]).float()
+    q = q.clamp(-448, 448)
+    return q.reshape(nm * 128, nk * 128)[:m, :k], s
+
+
+def ref_quantize(x, block, pow2):
+    """(q, s, qt, st) before the float8 cast, every layout."""
+    if block == (1, 128):
+        return (*ref_quantize_rows(x, pow2), *ref_quantize_rows(x.t(), pow2))
+    q, s = ref_quantize_tiles(x, pow2)
+    return q, s, q.t(), s.t()
+
+
+def ref_dequantize(q, s, block):
+    r, c = q.shape
+    if block == (1, 128):
+        full = s.double().t().repeat_interleave(128, dim=1)[:, :c]
+    else:
+        full = s.double().repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)[:r, :c]
+    return q.double() * full
+
+
+def same(out, ref):
+    """Equal values, NaN where the reference has NaN."""
+    torch.testing.assert_close(out.float(), ref.float(), rtol=0, atol=0, equal_nan=True)
+
 
 
 # --- cross entropy (fk.cross_entropy, fk.fused_linear_cross_entropy) ---------------------

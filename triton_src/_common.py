@@ -62,18 +62,25 @@ def aligned_args(signature: dict, flags: int, extra: tuple = ()) -> tuple:
     return ptrs + tuple(extra)
 
 
-# --- FP8 blockwise quantization (the format: python/fk/ops/fp8_quantize.py), shared by
-# fp8_quantize and the ops that fuse it -------------------------------------------------------
+@triton.jit
+def sigmoid_f32(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+# --- blockwise FP8 (float8_e4m3fn), the format of python/fk/ops/fp8_quantize.py ----------
+# Shared by fp8_quantize and the ops that quantize their output (rms_norm_fp8).
 
 FP8_MAX = tl.constexpr(448.0)
-MIN_SCALE = tl.constexpr(1.1754943508222875e-38)  # 2^-126, the smallest normal float32
+FP8_MIN_SCALE = tl.constexpr(1.1754943508222875e-38)  # 2^-126, the smallest normal float32
 
 
 @triton.jit
-def _scale(amax, pow2):
-    """The dequantization scale of blocks of absolute maximum ``amax`` (NaN read as inf)."""
+def fp8_scale(amax, pow2):
+    """The dequantization scale of blocks of absolute maximum ``amax`` (NaN read as inf):
+    max(amax / 448, 2^-126) correctly rounded, 1 for amax 0, rounded up to a power of two
+    when ``pow2 != 0``, NaN for amax inf."""
     s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
-    s = tl.where(amax == 0.0, 1.0, tl.maximum(s, MIN_SCALE))
+    s = tl.where(amax == 0.0, 1.0, tl.maximum(s, FP8_MIN_SCALE))
     if pow2 != 0:
         bits = s.to(tl.int32, bitcast=True)
         up = (bits + 0x7FFFFF) & -0x800000  # next power of two; inf stays inf
@@ -82,16 +89,46 @@ def _scale(amax, pow2):
 
 
 @triton.jit
-def _quantize(x, s):
-    """x times the correctly rounded reciprocal of its block's scale s (pass s as one value
-    per block, e.g. s[:, None], so that the reciprocal is taken once a block)."""
+def fp8_quantize_values(x, s):
+    """x times the correctly rounded reciprocal of its block's scale s, clamped to [-448, 448]
+    (NaN stays NaN), in fp32; the store rounds it to float8_e4m3fn. Pass s as one value per
+    block (e.g. s[:, None]), so that the reciprocal is taken once a block."""
     q = x * tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
     return tl.where(q > FP8_MAX, FP8_MAX, tl.where(q < -FP8_MAX, -FP8_MAX, q))
 
 
 @triton.jit
-def sigmoid_f32(x):
-    return 1.0 / (1.0 + tl.exp(-x))
+def abs_nan_inf(x):
+    """|x| with a NaN read as inf (a block holding one gets a NaN scale)."""
+    a = tl.abs(x)
+    return tl.where(a == a, a, float("inf"))
+
+
+@triton.jit
+def fp8_store_1x128(v, rb, cb, rows, cols, M, K, q_ptr, s_ptr, qt_ptr, st_ptr, want_row,
+                    want_col, pow2):
+    """Quantizes the fp32 tile v (rows x cols, tile (rb, cb) of an (M, K) matrix) in 1 x 128
+    blocks and stores it: the row-wise copy (each row of the tile one block, so 128 columns
+    a tile; data at q[rows, cols], scales at s[cb, rows]) when ``want_row``, the column-wise
+    copy (each column of the tile one block, so 128 rows a tile; data at qt[cols, rows],
+    stored as a transposed tile contiguous along M, scales at st[rb, cols]) when
+    ``want_col``. Elements outside the matrix must read as 0 (they then neither raise nor
+    NaN an amax) and are not stored."""
+    rmask = rows < M
+    cmask = cols < K
+    a = abs_nan_inf(v)
+    if want_row != 0:
+        s_r = fp8_scale(tl.max(a, axis=1), pow2)
+        q = fp8_quantize_values(v, s_r[:, None])
+        tl.store(q_ptr + rows[:, None] * K + cols[None, :], q.to(q_ptr.dtype.element_ty),
+                 mask=rmask[:, None] & cmask[None, :])
+        tl.store(s_ptr + cb * M + rows, s_r, mask=rmask)
+    if want_col != 0:
+        s_c = fp8_scale(tl.max(a, axis=0), pow2)
+        qt = fp8_quantize_values(v, s_c[None, :])
+        tl.store(qt_ptr + cols[:, None] * M + rows[None, :],
+                 tl.trans(qt).to(qt_ptr.dtype.element_ty), mask=cmask[:, None] & rmask[None, :])
+        tl.store(st_ptr + rb * K + cols, s_c, mask=cmask)
 
 
 # --- RMSNorm pieces, shared by rms_norm and fused_add_rms_norm -----------------------------

@@ -18,8 +18,8 @@ all-zero block, rounded up to a power of two when ``pow2 != 0``, NaN when the bl
 an inf or a NaN.
 q = x * r with r = 1 / s (one correctly rounded reciprocal per block, then one multiply an
 element: a division per element cost half the kernel's time), clamped to [-448, 448] (NaN
-stays NaN), then rounded to the output element type by the store: to nearest even with float8_e4m3fn outputs (the kernel is
-also run with float32 outputs under the interpreter, which tests everything up to that
+stays NaN), then rounded to the output element type by the store: to nearest even with
+float8_e4m3fn outputs (the kernel is also run with float32 outputs under the interpreter, which tests everything up to that
 cast). Masked elements of partial tiles read as 0 and are not stored.
 
 The FP8 variants are built for sm_90 and newer only: 8.x GPUs run the sm_80 cubins, and
@@ -28,7 +28,10 @@ sm_80 has no FP8 conversions.
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, Variant, _quantize, _scale, aligned_args
+from _common import (DTYPES, FLAG_ALIGNED, Variant, abs_nan_inf, aligned_args,
+                     fp8_store_1x128)
+from _common import fp8_quantize_values as _quantize
+from _common import fp8_scale as _scale
 
 TILE = 128
 # Variant flags: the tile of a form of the op (the kernel takes any TILE_M x TILE_K whose
@@ -54,13 +57,12 @@ def fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_
     cmask = cols < K
     mask = rmask[:, None] & cmask[None, :]
     x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    a = tl.abs(x)
-    a = tl.where(a == a, a, float("inf"))  # a NaN counts as inf: the block's scale is NaN
     q_offs = rows[:, None] * K + cols[None, :]
     # the column-wise copy is stored as a (TILE_K, TILE_M) tile, contiguous along M
     qt_offs = cols[:, None] * M + rows[None, :]
     mask_t = cmask[:, None] & rmask[None, :]
     if weight != 0:
+        a = abs_nan_inf(x)  # a NaN counts as inf: the block's scale is NaN
         s = _scale(tl.max(tl.max(a, axis=1), axis=0), pow2)
         q = _quantize(x, s)
         tl.store(q_ptr + q_offs, q.to(q_ptr.dtype.element_ty), mask=mask & (want_row != 0))
@@ -71,16 +73,8 @@ def fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_
         tl.store(s_ptr + rb * nkb + cb, s, mask=want_row != 0)
         tl.store(st_ptr + cb * nmb + rb, s, mask=want_col != 0)
     else:
-        if want_row != 0:
-            s_r = _scale(tl.max(a, axis=1), pow2)
-            q = _quantize(x, s_r[:, None])
-            tl.store(q_ptr + q_offs, q.to(q_ptr.dtype.element_ty), mask=mask)
-            tl.store(s_ptr + cb * M + rows, s_r, mask=rmask)
-        if want_col != 0:
-            s_c = _scale(tl.max(a, axis=0), pow2)
-            qt = _quantize(x, s_c[None, :])
-            tl.store(qt_ptr + qt_offs, tl.trans(qt).to(qt_ptr.dtype.element_ty), mask=mask_t)
-            tl.store(st_ptr + rb * K + cols, s_c, mask=cmask)
+        fp8_store_1x128(x, rb, cb, rows, cols, M, K, q_ptr, s_ptr, qt_ptr, st_ptr, want_row,
+                        want_col, pow2)
 
 
 _ARGS = ("x_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "M", "K", "weight", "want_row",

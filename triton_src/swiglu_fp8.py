@@ -35,7 +35,9 @@ newer only (as fp8_quantize: sm_80 has no FP8 conversions).
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, Variant, _quantize, _scale, aligned_args
+from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+from _common import fp8_quantize_values as _quantize
+from _common import fp8_scale as _scale
 
 TILE = 128
 

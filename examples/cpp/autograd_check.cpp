@@ -3,6 +3,7 @@
 // kernels against central finite differences, in float64 on fk's CPU backend (small
 // shapes). Also: a double backward raises, frozen inputs get no gradient, fk::rope_ refuses
 // tensors that require grad, and the backward_in_place options write into the inputs.
+// fk::rms_norm_fp8 (no float64) against fk::rms_norm's gradients in float32.
 //
 //   fk_autograd_check          prints one "OK" line per check; exits non-zero on a failure
 #include <fk/autograd.h>
@@ -685,6 +686,49 @@ void check_moe() {
   check_double_backward("moe_unpermute", unpermute, {y, probs}, 0);
 }
 
+// fk::rms_norm_fp8 takes no float64 (its outputs are float8): its formula is checked in
+// float32 against fk::rms_norm's, whose backward it shares (gradients bit for bit), plus the
+// straight-through contract: only y carries a gradient, and a recorded call without y raises.
+void check_rms_norm_fp8() {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const at::Tensor x = at::randn({2, 3, 260}, f32), w = at::randn({260}, f32);
+  const at::Tensor dy = at::randn({2, 3, 260}, f32);
+  {
+    const std::string what = "rms_norm_fp8 gradient through y equals rms_norm's";
+    at::Tensor x1 = x.clone().requires_grad_(true), w1 = w.clone().requires_grad_(true);
+    auto [q, s, qt, st, rstd, y] = fk::rms_norm_fp8(x1, w1, 1e-6, "both", false, true);
+    at::Tensor x2 = x.clone().requires_grad_(true), w2 = w.clone().requires_grad_(true);
+    const at::Tensor y2 = fk::rms_norm(x2, w2, 1e-6);
+    y.backward(dy);
+    y2.backward(dy);
+    if (!y.requires_grad() || q.requires_grad() || s.requires_grad() || qt.requires_grad() ||
+        st.requires_grad() || rstd.requires_grad()) {
+      fail(what, "only y may require grad");
+    } else if (!at::equal(y, y2) || !at::equal(x1.grad(), x2.grad()) ||
+               !at::equal(w1.grad(), w2.grad())) {
+      fail(what, "y or its gradients differ from fk::rms_norm's");
+    } else {
+      ok(what);
+    }
+  }
+  {
+    const std::string what = "rms_norm_fp8 refuses a recorded call without y";
+    try {
+      fk::rms_norm_fp8(x.clone().requires_grad_(true), w);
+      fail(what, "no error");
+    } catch (const std::exception& e) {
+      if (std::string(e.what()).find("only y carries the gradient") == std::string::npos) {
+        fail(what, std::string("unexpected error: ") + std::string(e.what()).substr(0, 300));
+      } else {
+        ok(what);
+      }
+    }
+  }
+  check_double_backward("rms_norm_fp8", [=](const Tensors& t) {
+    return Tensors{std::get<5>(fk::rms_norm_fp8(t[0], t[1], 1e-6, "rowwise", false, true))};
+  }, {x, w}, 0);
+}
+
 }  // namespace
 
 int main() {
@@ -712,6 +756,7 @@ int main() {
     check_tvd();
     check_fused_linear_jsd();
     check_moe();
+    check_rms_norm_fp8();
   } catch (const std::exception& e) {
     std::printf("FAIL error: %s\n", e.what());
     return 2;

@@ -367,6 +367,79 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 };
 
+// --- rms_norm_fp8: on fk::rms_norm_fp8 (the gradient flows through y only) ----------------
+
+// y carries the gradient, as fk::rms_norm's (the quantized copies are y for autograd:
+// straight through); the copies and rstd are not differentiable. A call that autograd records
+// without return_norm raises, as in Python, instead of dropping the gradient.
+class RmsNormFp8Function : public torch::autograd::Function<RmsNormFp8Function> {
+ public:
+  static constexpr const char* kOp = "fk::rms_norm_fp8";
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                            at::Tensor>;
+
+  // Returns the defined outputs, y last (always asked for here).
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& weight, double eps, c10::string_view layout,
+                               bool pow2_scales) {
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [q, s, qt, st, rstd, y] = call(x, weight, eps, layout, pow2_scales, true);
+    ctx->save_for_backward({x, weight, rstd});
+    ctx->mark_non_differentiable(detail::defined({q, s, qt, st, rstd}));
+    // Undefined outputs are left out (a C++ Function cannot return them).
+    return detail::defined({q, s, qt, st, rstd, y});
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor grad_y = grads.back();
+    if (!grad_y.defined()) return variable_list(5);
+    auto saved = ctx->get_saved_variables();
+    const bool need_dw = ctx->needs_input_grad(1);
+    return detail::once_differentiable(kOp, grads, {&saved[0], &saved[1]}, [&](bool) {
+      static const auto op =
+          detail::op<std::tuple<at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+              const at::Tensor&, double, c10::string_view, std::array<bool, 2>)>(
+              "fk::_rms_norm_backward");
+      // rstd (M,) in the shape fk::_rms_norm_forward returns it: x's leading dims
+      const auto x_sizes = saved[0].sizes();
+      auto rstd = saved[2].view(x_sizes.slice(0, x_sizes.size() - 1));
+      auto [dx, dw] = op.call(grad_y, saved[0], saved[1], rstd, 0.0, "llama", {true, need_dw});
+      return variable_list{dx, dw, at::Tensor(), at::Tensor(), at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::rms_norm_fp8.
+  static Result kernel(const at::Tensor& x, const at::Tensor& weight, double eps,
+                       c10::string_view layout, bool pow2_scales, bool return_norm) {
+    if (!detail::records({&x, &weight})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(x, weight, eps, layout, pow2_scales, return_norm);
+    }
+    TORCH_CHECK(return_norm, kOp,
+                ": x or weight requires grad, but only y carries the gradient: pass "
+                "return_norm=True (the quantized copies are y for autograd), or call under "
+                "torch.no_grad()");
+    auto out = apply(x, weight, eps, layout, pow2_scales);
+    const size_t n = out.size();  // the copies of the layout, rstd, y
+    const std::string copies(layout);
+    const at::Tensor none;
+    if (copies == "rowwise") return {out[0], out[1], none, none, out[n - 2], out[n - 1]};
+    if (copies == "columnwise") return {none, none, out[0], out[1], out[n - 2], out[n - 1]};
+    return {out[0], out[1], out[2], out[3], out[n - 2], out[n - 1]};
+  }
+
+ private:
+  static Result call(const at::Tensor& x, const at::Tensor& weight, double eps,
+                     c10::string_view layout, bool pow2_scales, bool return_norm) {
+    static const auto op =
+        detail::op<Result(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool,
+                          bool)>(kOp);
+    return op.call(x, weight, eps, layout, pow2_scales, return_norm);
+  }
+};
+
 // --- neighborhood_attention: on fk::_neighborhood_attention_forward (the backward needs the
 // logsumexp it returns) ---------------------------------------------------------------------
 
@@ -1920,6 +1993,7 @@ inline void register_kernels(torch::Library& m) {
   m.impl("swiglu", &SwigluFunction::kernel);
   m.impl("geglu", &GegluFunction::kernel);
   m.impl("_rms_norm_forward", &RmsNormFunction::kernel);
+  m.impl("rms_norm_fp8", &RmsNormFp8Function::kernel);
   m.impl("_neighborhood_attention_forward", &NeighborhoodAttentionFunction::kernel);
   m.impl("_layer_norm_forward", &LayerNormFunction::kernel);
   m.impl("softmax", &SoftmaxFunction::kernel);
@@ -1955,7 +2029,8 @@ inline void register_kernels(torch::Library& m) {
 //                         fk::llama4_rope, fk::qwen2vl_mrope,
 //                         fk::cross_entropy, fk::fused_linear_cross_entropy, fk::jsd,
 //                         fk::kl_div (which refuses a target that requires grad), fk::tvd,
-//                         fk::fused_linear_jsd, fk::moe_permute, fk::moe_unpermute;
+//                         fk::fused_linear_jsd, fk::moe_permute, fk::moe_unpermute,
+//                         fk::rms_norm_fp8 (through y only);
 //   the internal forward: fk::_rms_norm_forward, fk::_fused_add_rms_norm_forward,
 //                         fk::_layer_norm_forward, fk::_swiglu_linear_forward,
 //                         fk::_poly_norm_forward, fk::_group_norm_forward,

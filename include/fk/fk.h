@@ -581,4 +581,20 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_swiglu_fp8
   return op.call(grad_h, x, probs, grad_layout, pow2_scales);
 }
 
+// RMSNorm (fk::rms_norm, casting "llama", offset 0) of x (..., K) with its output y
+// quantized as fk::fp8_quantize quantizes y.reshape(M, K) in 1 x 128 blocks. Returns (data,
+// scales, data_t, scales_t, rstd (M,) float32, y): the copies layout does not ask for, and y
+// unless return_norm, undefined. Differentiable through y only (the copies are y for autograd;
+// include/fk/autograd.h), which needs return_norm when x or weight requires grad.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+rms_norm_fp8(const at::Tensor& x, const at::Tensor& weight, double eps = 1e-6,
+             const std::string& layout = "rowwise", bool pow2_scales = false,
+             bool return_norm = false) {
+  static const auto op =
+      detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                            at::Tensor>(const at::Tensor&, const at::Tensor&, double,
+                                        c10::string_view, bool, bool)>("fk::rms_norm_fp8");
+  return op.call(x, weight, eps, layout, pow2_scales, return_norm);
+}
+
 }  // namespace fk

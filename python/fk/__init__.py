@@ -30,14 +30,15 @@ from .ops.group_norm import group_norm  # noqa: E402
 from .ops.jsd import jsd  # noqa: E402
 from .ops.kl_div import kl_div  # noqa: E402
 from .ops.layer_norm import layer_norm  # noqa: E402
-from .ops.moe_permute import moe_permute, moe_unpermute  # noqa: E402
 from .ops.llama4_rope import llama4_rope  # noqa: E402
+from .ops.moe_permute import moe_permute, moe_unpermute  # noqa: E402
 from .ops.multi_tensor_norm import multi_tensor_count_zeros, multi_tensor_norm  # noqa: E402
 from .ops.neighborhood_attention import neighborhood_attention  # noqa: E402
 from .ops.poly_norm import poly_norm  # noqa: E402
 from .ops.qkv_split_norm_rope import qkv_split_norm_rope  # noqa: E402
 from .ops.qwen2vl_mrope import qwen2vl_mrope  # noqa: E402
 from .ops.rms_norm import rms_norm  # noqa: E402
+from .ops.rms_norm_fp8 import rms_norm_fp8  # noqa: E402
 from .ops.rope import rope, rope_  # noqa: E402
 from .ops.router_logits import router_logits  # noqa: E402
 from .ops.router_topk import router_topk  # noqa: E402
@@ -65,9 +66,9 @@ __all__ = ["CrossEntropyOutput", "cross_entropy", "dyt", "fp8_dequantize", "fp8_
            "kl_div", "layer_norm", "llama4_rope", "moe_permute", "moe_swiglu_fp8",
            "moe_swiglu_fp8_backward", "moe_unpermute", "multi_tensor_count_zeros",
            "multi_tensor_norm", "neighborhood_attention", "poly_norm",
-           "qkv_split_norm_rope", "qwen2vl_mrope", "rms_norm", "rope", "rope_",
-           "router_logits", "router_topk", "softmax", "sparsemax", "swiglu",
-           "swiglu_fp8", "swiglu_fp8_backward", "swiglu_linear", "tvd"]
+           "qkv_split_norm_rope", "qwen2vl_mrope", "rms_norm", "rms_norm_fp8", "rope",
+           "rope_", "router_logits", "router_topk", "softmax", "sparsemax", "swiglu",
+           "swiglu_fp8", "swiglu_fp8_backward", "swiglu_linear", "tvd",
            "vocab_parallel_cross_entropy", "vocab_parallel_fused_linear_cross_entropy",
            "build_info", "cmake_prefix_path", "nn"]
 

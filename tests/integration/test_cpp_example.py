@@ -177,5 +177,8 @@ def test_autograd_formulas(autograd_check_binary):
     for line in ("rope_ refuses q and k that require grad",
                  "swiglu backward_in_place writes into a and b",
                  "cross_entropy grad_in_logits writes the gradient into the logits",
-                 "kl_div refuses a target that requires grad"):
+                 "kl_div refuses a target that requires grad",
+                 "rms_norm_fp8 gradient through y equals rms_norm's",
+                 "rms_norm_fp8 refuses a recorded call without y",
+                 "double backward raises rms_norm_fp8"):
         assert line in ok, _output(proc)

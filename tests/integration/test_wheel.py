@@ -171,7 +171,7 @@ def test_wheel_runtime_requirements(wheel):
 
 # Kernels that need an arch feature are built only for the archs that have it (float8 stores:
 # sm_89 and newer); every other kernel is built for every arch. Kernel name -> first arch.
-ARCH_GATED = {b"fp8_quantize": 89, b"swiglu_fp8_": 89}
+ARCH_GATED = {b"fp8_quantize": 89, b"swiglu_fp8_": 89, b"rms_norm_fp8": 89}
 
 
 def _gate(image: bytes):

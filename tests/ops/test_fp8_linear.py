@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 import fk
 from fk.ops import fp8_linear as L
-from helpers import DTYPES, TOL, randn, rel_err
-from test_fp8_quantize import ref_dequantize, ref_quantize_rows, ref_quantize_tiles
+from helpers import (DTYPES, TOL, randn, ref_dequantize, ref_quantize_rows, ref_quantize_tiles,
+                     rel_err)
 
 FP8 = torch.float8_e4m3fn
 U = 2.0 ** -4  # e4m3 rounding, relative

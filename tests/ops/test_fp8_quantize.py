@@ -8,39 +8,14 @@ import torch
 
 import fk
 from helpers import (DTYPES, cdiv, error_lines, load_triton_src, misaligned,
-                     poison_cuda_cache, randn, ref_dequantize, ref_quantize_rows, ref_reciprocal,
-                     ref_scales, same)
+                     poison_cuda_cache, randn, ref_dequantize, ref_quantize, ref_quantize_rows,
+                     same)
 
 FP8 = torch.float8_e4m3fn
 BLOCKS = [(1, 128), (128, 128)]
 LAYOUTS = ["rowwise", "columnwise", "both"]
 # Full blocks, partial blocks in either dim, fewer than one block, one row / column.
 SHAPES = [(128, 256), (130, 200), (5, 300), (257, 129), (1, 1), (3, 128)]
-
-
-# --- the reference: the format of python/fk/ops/fp8_quantize.py, in float64 (1 x 128 blocks
-# and dequantization: tests/helpers.py) -----------------------------------------------------
-
-def ref_quantize_tiles(x, pow2):
-    """128 x 128 blocks: (q before the cast, scales (ceil(M / 128), ceil(K / 128)))."""
-    m, k = x.shape
-    nm, nk = cdiv(m, 128), cdiv(k, 128)
-    xp = torch.zeros(nm * 128, nk * 128, dtype=torch.float64)
-    xp[:m, :k] = x.double()
-    a = xp.abs().reshape(nm, 128, nk, 128)
-    amax = torch.where(torch.isnan(a), math.inf, a).amax(dim=(1, 3))
-    s = ref_scales(amax, pow2)
-    q = (xp.reshape(nm, 128, nk, 128) * ref_reciprocal(s)[:, None, :, None]).float()
-    q = q.clamp(-448, 448)
-    return q.reshape(nm * 128, nk * 128)[:m, :k], s
-
-
-def ref_quantize(x, block, pow2):
-    """(q, s, qt, st) before the float8 cast, every layout."""
-    if block == (1, 128):
-        return (*ref_quantize_rows(x, pow2), *ref_quantize_rows(x.t(), pow2))
-    q, s = ref_quantize_tiles(x, pow2)
-    return q, s, q.t(), s.t()
 
 
 def outputs(x, block, layout, pow2=False):

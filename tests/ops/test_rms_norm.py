@@ -5,29 +5,10 @@ import torch
 
 import fk
 from helpers import (DTYPES, assert_close, cdiv, error_lines, load_triton_src, misaligned,
-                     poison_cuda_cache, randn, ref_grads, ref_rms_norm, round_nearest,
+                     poison_cuda_cache, randn, ref_rms_norm, ref_rms_norm_grads,
                      round_toward_zero)
 
 MODES = ("llama", "gemma", "none")
-
-
-def _grads_ref(x, w, dy, eps, offset, mode, cast=round_nearest):
-    """float64 gradients of the reference. dx: the derivative of the fp32 formula (rounding
-    to the dtype passes gradients through unchanged). dw: sum over rows of dy times the
-    normalized x the forward multiplied the weight with, rounded as the mode rounds it (with
-    `cast`)."""
-    inputs = [x.detach().requires_grad_(), None]
-    gx = ref_grads(lambda x_, w_: ref_rms_norm(x_, None if w is None else w.detach().double(),
-                                               eps, offset, "gemma"), inputs, dy)[0]
-    if w is None:
-        return gx, None
-    if mode == "gemma":
-        xd = x.detach().double()
-        xh = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
-    else:
-        xh = ref_rms_norm(x.detach(), None, eps, 0.0, mode, cast=cast).double()
-    gw = (dy.double() * xh).reshape(-1, x.shape[-1]).sum(0)
-    return gx, gw
 
 
 # --- level 1: the Triton source under the interpreter ---------------------------------
@@ -58,7 +39,7 @@ def test_interpreter(dtype, mode, n, block, looped):
     kernel = mod.rms_norm_bwd_looped_kernel if looped else mod.rms_norm_bwd_kernel
     kernel[(programs,)](dy, x, w, rstd, dx, dw_partial, n, n, n, m, n, offset, rows_per_program,
                         1, casting, BLOCK_N=block)
-    gx, gw = _grads_ref(x, w, dy, eps, offset, mode, cast=round_toward_zero)
+    gx, gw = ref_rms_norm_grads(x, w, dy, eps, offset, mode, cast=round_toward_zero)
     assert_close(dx, round_toward_zero(gx.float(), dtype), dtype, factor=3, what="dx")
     dw = torch.full((n,), float("nan"), dtype=dtype)
     mod.rms_norm_dw_kernel[(cdiv(n, 64),)](dw_partial, dw, programs, n, BLOCK_P=2, BLOCK_N=64)
@@ -80,7 +61,7 @@ def test_cpu_forward_backward(dtype, mode, shape, with_weight):
     assert_close(y, ref_rms_norm(x, w, eps, offset, mode), dtype, what="y")
     dy = randn(*shape, dtype=dtype)
     y.backward(dy)
-    gx, gw = _grads_ref(x, w, dy, eps, offset, mode)
+    gx, gw = ref_rms_norm_grads(x, w, dy, eps, offset, mode)
     # With one element per row dx is a cancellation of terms of dy's size.
     scale = dy.double().norm().item() if shape[-1] == 1 else None
     assert_close(x.grad, gx, dtype, factor=3, what="dx", scale=scale)
@@ -241,7 +222,7 @@ def test_cuda_matches_reference(dtype, n, mode):
     dy = randn(m, n, dtype=dtype, device="cuda")
     poison_cuda_cache()
     y.backward(dy)
-    gx, gw = _grads_ref(x.cpu(), w.cpu(), dy.cpu(), eps, offset, mode)
+    gx, gw = ref_rms_norm_grads(x.cpu(), w.cpu(), dy.cpu(), eps, offset, mode)
     # With one element per row dx is a cancellation of terms of dy's size.
     scale = dy.double().norm().item() if n == 1 else None
     assert_close(x.grad, gx, dtype, factor=3, what="dx", scale=scale)
@@ -259,7 +240,7 @@ def test_cuda_llama_shapes_no_weight_and_misaligned(dtype, shape):
     assert_close(y, ref_rms_norm(x.cpu(), None, 1e-5), dtype, factor=1.5)
     dy = randn(*shape, dtype=dtype, device="cuda")
     y.backward(dy)
-    gx, = _grads_ref(x.cpu(), None, dy.cpu(), 1e-5, 0.0, "llama")[:1]
+    gx, = ref_rms_norm_grads(x.cpu(), None, dy.cpu(), 1e-5, 0.0, "llama")[:1]
     assert_close(x.grad, gx, dtype, factor=3)
     xm = misaligned(randn(*shape, dtype=dtype, device="cuda"))
     w = randn(shape[-1], dtype=dtype, device="cuda")

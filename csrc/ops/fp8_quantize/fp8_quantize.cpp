@@ -18,6 +18,11 @@ bool is_half_float(ScalarType st) { return st == kFloat || st == kBFloat16 || st
 
 }  // namespace
 
+void check_fp8_input_dtype(const char* op, const Tensor& x) {
+  FK_CHECK(is_half_float(x.scalar_type()), op, ": x has dtype ", x.scalar_type(),
+           ", which is not supported (supported: float32, bfloat16, float16)");
+}
+
 Fp8Layout parse_fp8_layout(const char* op, const std::string& layout) {
   FK_CHECK(layout == "rowwise" || layout == "columnwise" || layout == "both", op,
            ": layout must be 'rowwise', 'columnwise' or 'both', got '", layout, "'");
@@ -28,8 +33,7 @@ Fp8Layout check_fp8_quantize(const Tensor& x, int64_t block_rows, const std::str
   constexpr const char* op = "fk::fp8_quantize";
   FK_CHECK(x.dim() == 2, op, ": x must be 2-D (M, K), got shape ", shape_of(x),
            " (flatten the leading dims first)");
-  FK_CHECK(is_half_float(x.scalar_type()), op, ": x has dtype ", x.scalar_type(),
-           ", which is not supported (supported: float32, bfloat16, float16)");
+  check_fp8_input_dtype(op, x);
   check_block(op, block_rows);
   return parse_fp8_layout(op, layout);
 }

@@ -19,6 +19,9 @@ struct Fp8Layout {
 // layout "rowwise", "columnwise" or "both" (else an error naming `op`): the copies to write.
 Fp8Layout parse_fp8_layout(const char* op, const std::string& layout);
 
+// x float32 / bfloat16 / float16 (the error names `op`).
+void check_fp8_input_dtype(const char* op, const Tensor& x);
+
 // Shared by every backend: x 2-D float32 / bfloat16 / float16, block_rows 1 or 128, layout
 // "rowwise", "columnwise" or "both". Returns the copies to write.
 Fp8Layout check_fp8_quantize(const Tensor& x, int64_t block_rows, const std::string& layout);

@@ -107,21 +107,31 @@ def _check_block(op, block_rows):
             block_rows, ", 128)")
 
 
+def check_input_dtype(op, x):
+    c.check(x.dtype in _FLOATS, op, ": x has dtype ", c.dtype_name(x.dtype),
+            ", which is not supported (supported: float32, bfloat16, float16)")
+
+
+def parse_layout(op, layout):
+    """(row-wise copy wanted, column-wise copy wanted) of a layout."""
+    c.check(layout in _LAYOUTS, op, ": layout must be 'rowwise', 'columnwise' or 'both', got '",
+            layout, "'")
+    return layout != "columnwise", layout != "rowwise"
+
+
 def check_fp8_quantize(x, block_rows, layout):
     op = "fk::fp8_quantize"
     c.check(x.dim() == 2, op, ": x must be 2-D (M, K), got shape ", c.shape_text(x),
             " (flatten the leading dims first)")
-    c.check(x.dtype in _FLOATS, op, ": x has dtype ", c.dtype_name(x.dtype),
-            ", which is not supported (supported: float32, bfloat16, float16)")
+    check_input_dtype(op, x)
     _check_block(op, block_rows)
-    return check_layout(op, layout)
+    return parse_layout(op, layout)
 
 
-def check_layout(op, layout):
-    """csrc/ops/fp8_quantize parse_fp8_layout: (rowwise, columnwise) copies to write."""
-    c.check(layout in _LAYOUTS, op, ": layout must be 'rowwise', 'columnwise' or 'both', got '",
-            layout, "'")
-    return layout != "columnwise", layout != "rowwise"
+def rowwise_shapes(m, k):
+    """Shapes of the 1 x 128 copies of an (m, k) x: data, scales, data_t, scales_t."""
+    nm, nk = -(-m // 128), -(-k // 128)
+    return (m, k), (nk, m), (k, m), (nm, k)
 
 
 def check_fp8_dequantize(data, scales, block_rows, dtype):

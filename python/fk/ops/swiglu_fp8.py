@@ -48,7 +48,7 @@ quantized per expert segment; see ``moe_swiglu_fp8``.
 import torch
 
 from . import _autograd, _checks as c
-from .fp8_quantize import _FLOATS, check_layout
+from .fp8_quantize import _FLOATS, parse_layout
 
 _OPS = {"plain": "fk::swiglu_fp8", "bwd": "fk::swiglu_fp8_backward",
         "moe": "fk::moe_swiglu_fp8", "moe_bwd": "fk::moe_swiglu_fp8_backward"}
@@ -237,7 +237,7 @@ def check_moe_swiglu_fp8(x, probs, tokens_per_expert, layout):
             ": tokens_per_expert must be a 1-D int32 or int64 tensor, got dtype ",
             c.dtype_name(tpe.dtype), " and shape ", c.shape_text(tpe))
     c.check(tpe.shape[0] >= 1, op, ": tokens_per_expert must have at least one expert")
-    return check_layout(op, layout)
+    return parse_layout(op, layout)
 
 
 def _forward_fake(x, want, pow2_scales, return_h, scale_t_rows):
@@ -255,7 +255,7 @@ def _forward_fake(x, want, pow2_scales, return_h, scale_t_rows):
 @torch.library.register_fake("fk::swiglu_fp8")
 def _swiglu_fp8_fake(x, layout="rowwise", pow2_scales=False, return_h=False):
     _check_x(_OPS["plain"], x)
-    want = check_layout(_OPS["plain"], layout)
+    want = parse_layout(_OPS["plain"], layout)
     return _forward_fake(x, want, pow2_scales, return_h, -(-x.shape[0] // 128))
 
 
