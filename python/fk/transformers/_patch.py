@@ -95,6 +95,9 @@ def _apply_table(model, spec, flags):
 
     norms, mlps, fused_mlps, experts, attentions = map(
         classes, (spec.rms_norms, spec.mlps, spec.fused_mlps, spec.experts, spec.attentions))
+    norm_specs = dict.fromkeys(norms, spec.norm)
+    norm_specs.update((getattr(modeling, n), s) for n, s in spec.other_norms)
+    norms = tuple(norm_specs)
     layer_norms = classes(spec.layer_norms)
     causal_lm = getattr(modeling, spec.causal_lm) if spec.causal_lm else None
 
@@ -102,22 +105,23 @@ def _apply_table(model, spec, flags):
         t = _model_class(m)
         if t in norms:
             if flags["rms_norm"]:
-                _set(m, "rms_norm", forward=_bind(m, fw.rms_norm_forward, norm=spec.norm))
-        elif t in mlps and flags.get("tiled_mlp"):
-            gate = fw.gate_for(m.act_fn, True, True)
+                _set(m, "rms_norm", forward=_bind(m, fw.rms_norm_forward, norm=norm_specs[t]))
+        elif t in mlps and flags.get("tiled_mlp") and not spec.mlp_multipliers:
+            gate = fw.gate_for(_act(m), True, True)
             if gate is not None:
                 _set(m, "tiled_mlp", forward=_bind(m, fw.tiled_mlp_forward, gate=gate,
                                                    num_shards=flags.get("num_shards"),
                                                    dropout=spec.mlp_dropout))
         elif t in mlps or t in fused_mlps or t in experts:
-            act = m.activation_fn if t in fused_mlps else m.act_fn
+            act = m.activation_fn if t in fused_mlps else _act(m)
             gate = fw.gate_for(act, flags["swiglu"], flags["geglu"])
             if gate is None:
                 continue
             kind = "swiglu" if gate == "swiglu" else "geglu"
             if t in mlps:
                 _set(m, kind, forward=_bind(m, fw.mlp_forward, gate=gate,
-                                            dropout=spec.mlp_dropout))
+                                            dropout=spec.mlp_dropout,
+                                            multipliers=spec.mlp_multipliers))
             elif t in fused_mlps:
                 _set(m, kind, forward=_bind(m, fw.fused_mlp_forward, gate=gate))
             else:
@@ -151,6 +155,12 @@ def _apply_table(model, spec, flags):
         elif t is torch.nn.LayerNorm:
             if flags["layer_norm"] and len(m.normalized_shape) == 1:
                 _set(m, "layer_norm", forward=_bind(m, fw.layer_norm_forward))
+
+
+def _act(mlp):
+    """A gate / up / down MLP's activation module (``act_fn``; Llama 4's: ``activation_fn``)."""
+    act = getattr(mlp, "act_fn", None)
+    return act if act is not None else getattr(mlp, "activation_fn", None)
 
 
 def revert(model):
