@@ -752,3 +752,147 @@ def test_a_hook_dropping_the_labels_raises_instead_of_returning_logits():
     ids, labels = _batch()
     with pytest.raises(RuntimeError, match="dropped the labels"):
         model(input_ids=ids, labels=labels)
+
+
+# --- Gemma 3, Llava, PaliGemma, Mllama (...ForConditionalGeneration), text inputs -----------
+
+MM_MODEL_TYPES = ("gemma3", "llava", "paligemma", "mllama")
+_MM_TEXT = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                head_dim=16, pad_token_id=0, bos_token_id=None, eos_token_id=None)
+_MM_VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=8, patch_size=2, projection_dim=32)
+# What apply_fk replaces (besides the loss): the language model's norms (Gemma 3's projector
+# norm too), rotary and gated MLPs; the vision towers' torch LayerNorms. Mllama's second
+# layer is a cross-attention layer (no rotary; its q / k norms are patched).
+MM_EXPECTED = {
+    "gemma3": dict(rms_norm=14, rope=2, geglu=2, layer_norm=4),
+    "llava": dict(rms_norm=5, rope=2, swiglu=2, layer_norm=4),
+    "paligemma": dict(rms_norm=5, rope=2, geglu=2, layer_norm=4),
+    "mllama": dict(rms_norm=7, rope=1, swiglu=2, layer_norm=6),
+}
+# The norms that run on text inputs: not Gemma 3's projector norm, nor Mllama's
+# cross-attention layer (skipped without an image, its MLP too).
+MM_NORM_CALLS = {"gemma3": 13, "llava": 5, "paligemma": 5, "mllama": 3}
+
+
+def tiny_mm_model(model_type, seed=0):
+    """A randomly initialised ``...ForConditionalGeneration``: the language model as
+    tiny_hf_model's (Llama for Llava, Gemma for PaliGemma), a one-layer vision tower."""
+    from transformers import AutoModelForImageTextToText, CONFIG_MAPPING
+    cls = CONFIG_MAPPING[model_type]
+    if model_type == "gemma3":
+        config = cls(text_config=dict(_MM_TEXT, query_pre_attn_scalar=16, sliding_window=8),
+                     vision_config=_MM_VISION, mm_tokens_per_image=4, image_token_index=90,
+                     boi_token_index=91, eoi_token_index=92)
+    elif model_type == "llava":
+        config = cls(text_config=dict(_MM_TEXT, model_type="llama"),
+                     vision_config=dict(_MM_VISION, model_type="clip_vision_model"),
+                     image_token_index=90)
+    elif model_type == "paligemma":
+        config = cls(text_config=dict(_MM_TEXT, model_type="gemma"),
+                     vision_config=dict(_MM_VISION, model_type="siglip_vision_model"),
+                     image_token_index=90, projection_dim=64)
+    else:
+        config = cls(text_config=dict(_MM_TEXT, bos_token_id=1, eos_token_id=2,
+                                      cross_attention_layers=[1]),
+                     vision_config=dict(hidden_size=32, intermediate_size=48,
+                                        num_hidden_layers=1, num_global_layers=1,
+                                        attention_heads=2, image_size=8, patch_size=2,
+                                        vision_output_dim=64, intermediate_layers_indices=[0],
+                                        max_num_tiles=1, supported_aspect_ratios=[[1, 1]]),
+                     image_token_index=90)
+    config.tie_word_embeddings = False
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def _mm_pair(model_type):
+    ref = tiny_mm_model(model_type)
+    model = copy.deepcopy(ref)
+    ft.apply_fk(model)
+    return model, ref
+
+
+def _mm_batch(device="cpu", seq=12):
+    ids = torch.randint(1, 80, (2, seq), generator=torch.Generator().manual_seed(3)).to(device)
+    labels = ids.clone()
+    labels[0, :2] = -100
+    return ids, labels
+
+
+def test_mm_model_types_are_supported():
+    assert set(MM_MODEL_TYPES) <= set(ft.SUPPORTED_MODEL_TYPES)
+
+
+@pytest.mark.parametrize("model_type", MM_MODEL_TYPES)
+def test_mm_patches_and_matches(model_type):
+    """float32 on the CPU, text inputs: what is patched, the fk kernels that run, the loss and
+    every parameter's gradient against Hugging Face's, and the eval logits."""
+    model, ref = _mm_pair(model_type)
+    expected = dict(MM_EXPECTED[model_type], fused_linear_cross_entropy=1, cross_entropy=1)
+    assert ft.patched(model) == expected
+    ids, labels = _mm_batch()
+    model.train(), ref.train()
+    with FkOps() as ops:
+        out = model(input_ids=ids, labels=labels)
+        out.loss.backward()
+    want = ref(input_ids=ids, labels=labels)
+    want.loss.backward()
+    assert ops.count["_fused_linear_cross_entropy_forward"] == 1
+    assert ops.count["rope"] == expected["rope"]
+    assert ops.count["_rms_norm_forward"] == MM_NORM_CALLS[model_type]
+    gate = "geglu" if "geglu" in expected else "swiglu"
+    assert ops.count[gate] == (1 if model_type == "mllama" else expected[gate])
+    assert out.logits is None and type(out) is type(want)
+    torch.testing.assert_close(out.loss, want.loss, atol=1e-6, rtol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        if q.grad is None:
+            assert p.grad is None, name
+            continue
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-4, msg=name)
+    model.eval(), ref.eval()
+    with torch.no_grad():
+        out, want = model(input_ids=ids, labels=labels), ref(input_ids=ids, labels=labels)
+    torch.testing.assert_close(out.logits, want.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss, want.loss, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", MM_MODEL_TYPES)
+def test_mm_revert_restores_the_model_exactly(model_type):
+    model = tiny_mm_model(model_type)
+    pristine = copy.deepcopy(model)
+    before = _module_state(model)
+    ft.apply_fk(model)
+    assert _module_state(model) != before
+    ft.revert_fk(model)
+    after = _module_state(model)
+    assert after.keys() == before.keys()
+    for name in before:
+        assert after[name].keys() == before[name].keys(), name
+        assert all(after[name][k] is before[name][k] for k in before[name]), name
+    assert ft.patched(model) == {}
+    ids, labels = _mm_batch()
+    model.train(), pristine.train()
+    out, ref = model(input_ids=ids, labels=labels), pristine(input_ids=ids, labels=labels)
+    assert torch.equal(out.loss, ref.loss) and torch.equal(out.logits, ref.logits)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("model_type", MM_MODEL_TYPES)
+def test_mm_generate_matches_unpatched(model_type, device):
+    model, ref = _mm_pair(model_type)
+    model.to(device), ref.to(device)
+    ids = _mm_batch(device, seq=5)[0]
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+              pad_token_id=0)
+    with FkOps() as ops:
+        got = model.generate(ids, **kw)
+    assert ops.count["rope"] > 0
+    assert torch.equal(got, ref.generate(ids, **kw))

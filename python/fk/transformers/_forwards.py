@@ -3,6 +3,7 @@
 Each is written once for every model that has that kind of module; per-model differences come
 in as arguments from the table (``_table.py``). ``_patch.py`` binds them to instances.
 """
+import dataclasses
 import functools
 import inspect
 import types
@@ -348,6 +349,8 @@ def _training_forward(self, input_ids=None, attention_mask=None, position_ids=No
             if output_router_logits is None:
                 output_router_logits = config.output_router_logits
             extra["output_router_logits"] = output_router_logits
+    if spec.labels_to_base:
+        extra["labels"] = labels
     base = getattr(self, self.base_model_prefix, None)
     if base is None:  # Llama 4's causal LM keeps its text model in .model
         base = self.model
@@ -379,8 +382,11 @@ def _training_forward(self, input_ids=None, attention_mask=None, position_ids=No
                 outputs.router_logits, num_experts, top_k, attention_mask)
             loss = loss + coef * aux_loss.to(loss.device)
         common.update(loss=loss, aux_loss=aux_loss, router_logits=outputs.router_logits)
-    if spec.output is not None:
-        out = getattr(modeling, spec.output)(**common, rope_deltas=outputs.rope_deltas)
+    if spec.output is not None:  # with the base model's other outputs (rope_deltas, ...)
+        cls = getattr(modeling, spec.output)
+        more = {f.name: getattr(outputs, f.name, None) for f in dataclasses.fields(cls)
+                if f.name not in common}
+        out = cls(**common, **more)
     elif spec.moe:
         out = MoeCausalLMOutputWithPast(**common)
     else:

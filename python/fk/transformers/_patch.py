@@ -6,6 +6,7 @@ Only instance attributes change (``forward``, ``_apply_gate``, ``_loss_function`
 other models of the same class are unaffected and the state dict stays the same.
 """
 import collections
+import dataclasses
 import importlib
 import inspect
 from types import MethodType
@@ -87,25 +88,33 @@ def apply(model, flags):
     return model
 
 
+def _modeling(spec):
+    return importlib.import_module(f"transformers.models.{spec.module}.modeling_{spec.module}")
+
+
 def _apply_table(model, spec, flags):
-    modeling = importlib.import_module(f"transformers.models.{spec.module}.modeling_{spec.module}")
+    modeling = _modeling(spec)
+    causal_lm = getattr(modeling, spec.causal_lm) if spec.causal_lm else None
+    head_spec = spec
+    if spec.language_row:  # the language model's modules by its own model type's row
+        text_type = getattr(model.config.text_config, "model_type", None)
+        spec = MODELS.get(text_type)
+        if spec is None or spec.language_row or spec.output is not None:
+            spec = dataclasses.replace(head_spec, language_row=False)  # the head alone
+    module_modeling = _modeling(spec)
 
     def classes(names):
-        return tuple(getattr(modeling, n) for n in names)
+        return tuple(getattr(module_modeling, n) for n in names)
 
     norms, mlps, fused_mlps, experts, attentions = map(
         classes, (spec.rms_norms, spec.mlps, spec.fused_mlps, spec.experts, spec.attentions))
-    norm_specs = dict.fromkeys(norms, spec.norm)
-    norm_specs.update((getattr(modeling, n), s) for n, s in spec.other_norms)
-    norms = tuple(norm_specs)
     layer_norms = classes(spec.layer_norms)
-    causal_lm = getattr(modeling, spec.causal_lm) if spec.causal_lm else None
 
     for m in model.modules():
         t = _model_class(m)
         if t in norms:
             if flags["rms_norm"]:
-                _set(m, "rms_norm", forward=_bind(m, fw.rms_norm_forward, norm=norm_specs[t]))
+                _set(m, "rms_norm", forward=_bind(m, fw.rms_norm_forward, norm=spec.norm))
         elif t in mlps and flags.get("tiled_mlp") and not spec.mlp_multipliers:
             gate = fw.gate_for(_act(m), True, True)
             if gate is not None:
@@ -139,7 +148,7 @@ def _apply_table(model, spec, flags):
                 _set(m, "rope", forward=_bind(m, fw.rope_forward(t, spec.rope_style)))
         elif t is causal_lm:
             if flags["fused_linear_cross_entropy"]:
-                forward = _bind(m, fw.causal_lm_forward, spec=spec, modeling=modeling)
+                forward = _bind(m, fw.causal_lm_forward, spec=head_spec, modeling=modeling)
                 # generate() checks its keyword arguments (pixel_values, ...) against the
                 # forward's signature: show it the original one.
                 forward.__func__.__signature__ = inspect.signature(t.forward)

@@ -68,13 +68,18 @@ class ModelSpec:
     # the MLP's gate_multiplier (on gate_proj's output, before the activation) and
     # down_multiplier (on its output): Falcon-H1
     mlp_multipliers: bool = False
-    # RMSNorm classes rounding otherwise than ``norm``: (class name, NormSpec) pairs
-    other_norms: Tuple[Tuple[str, NormSpec], ...] = ()
     # Vision-language models (the causal_lm class is their ...ForConditionalGeneration): the
     # language model's settings are in config.text_config, the output class (named here) also
     # carries rope_deltas, and the MoE router loss is added only when output_router_logits is
     # passed to the forward.
     output: Optional[str] = None
+    # The base model takes the labels too (Gemma 3's and PaliGemma's: their attention mask
+    # depends on them in training).
+    labels_to_base: bool = False
+    # The language model is any model type (Llava, PaliGemma): its modules are patched by
+    # the row of config.text_config.model_type (norm, MLP, attention, rotary style), this
+    # row giving the ...ForConditionalGeneration and its loss.
+    language_row: bool = False
 
 
 def _dense(prefix, module, norm=LLAMA_NORM, **kw):
@@ -195,4 +200,31 @@ MODELS.update({
                              rms_norms=("Llama4TextRMSNorm", "Llama4TextL2Norm"),
                              mlps=("Llama4TextMLP",), attentions=("Llama4TextAttention",),
                              causal_lm="Llama4ForCausalLM", rope_style="llama4"),
+})
+
+
+MODELS.update({
+    # Gemma 3 with its vision tower (Gemma3ForConditionalGeneration): the language model as
+    # gemma3_text's (the multimodal projector's soft-embedding norm is a Gemma3RMSNorm too);
+    # no final logit softcapping in this class's forward. SigLIP's torch LayerNorms are the
+    # layer_norm kind; its attention and non-gated MLP stay Hugging Face's.
+    "gemma3": ModelSpec(module="gemma3", norm=GEMMA_NORM, rms_norms=("Gemma3RMSNorm",),
+                        mlps=("Gemma3MLP",), attentions=("Gemma3Attention",),
+                        causal_lm="Gemma3ForConditionalGeneration",
+                        output="Gemma3CausalLMOutputWithPast", labels_to_base=True),
+    # Llava / PaliGemma: the language model by its own row (Llama, Mistral, Gemma, Gemma 2,
+    # ...); the vision towers' (CLIP, SigLIP) torch LayerNorms; their attention and MLPs stay.
+    "llava": ModelSpec(module="llava", norm=LLAMA_NORM, rms_norms=(),
+                       causal_lm="LlavaForConditionalGeneration",
+                       output="LlavaCausalLMOutputWithPast", language_row=True),
+    "paligemma": ModelSpec(module="paligemma", norm=GEMMA_NORM, rms_norms=(),
+                           causal_lm="PaliGemmaForConditionalGeneration",
+                           output="PaliGemmaCausalLMOutputWithPast", labels_to_base=True,
+                           language_row=True),
+    # Mllama: the text model's RMSNorms, gated MLPs and self-attention rotary; the
+    # cross-attention layers have no rotary (their q / k norms are MllamaTextRMSNorm:
+    # patched). The vision model's torch LayerNorms; its attention and non-gated MLP stay.
+    "mllama": ModelSpec(module="mllama", norm=LLAMA_NORM, rms_norms=("MllamaTextRMSNorm",),
+                        mlps=("MllamaTextMLP",), attentions=("MllamaTextSelfAttention",),
+                        causal_lm="MllamaForConditionalGeneration"),
 })
