@@ -95,8 +95,9 @@ MORE_EXPECTED = {
     # a shared expert and the experts in each layer.
     "qwen3_next": dict(rms_norm=7, rope=1, swiglu=4),
     "falcon_h1": dict(rms_norm=5, rope=2, swiglu=2),
-    # Llama 4: the L2Norm of the rotary layer (one module for q and k), the shared experts.
-    "llama4_text": dict(rms_norm=6, rope=2, swiglu=2),
+    # Llama 4: the L2Norm of the rotary layer (one module for q and k); the shared expert
+    # and the routed experts of each layer.
+    "llama4_text": dict(rms_norm=6, rope=2, swiglu=4),
 }
 # Layers applying rotary (SmolLM 3's, EXAONE 4's, Cohere 2's and Llama 4's tiny configs have a
 # NoPE one).

@@ -124,6 +124,14 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     return out
 
 
+def bmm_experts_forward(self, hidden_states, *, gate):
+    """Llama 4's experts: tokens already grouped per expert, ``(experts * tokens, hidden)``;
+    one bmm into the stacked gate / up projection, fk's gate, one bmm out."""
+    x = hidden_states.view(self.gate_up_proj.shape[0], -1, self.hidden_size)
+    g, u = torch.bmm(x, self.gate_up_proj).chunk(2, dim=-1)
+    return torch.bmm(_gate(gate, g, u, False), self.down_proj).view(-1, self.hidden_size)
+
+
 def _interleaved_rope(q, k, cos, sin, unsqueeze_dim, half_cos):
     if half_cos:
         # cos / sin's first half, one value per rotating pair; the rotated width is theirs.

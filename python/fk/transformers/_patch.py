@@ -109,6 +109,7 @@ def _apply_table(model, spec, flags):
     norms, mlps, fused_mlps, experts, attentions = map(
         classes, (spec.rms_norms, spec.mlps, spec.fused_mlps, spec.experts, spec.attentions))
     layer_norms = classes(spec.layer_norms)
+    bmm_experts = classes(spec.bmm_experts)
 
     for m in model.modules():
         t = _model_class(m)
@@ -121,6 +122,11 @@ def _apply_table(model, spec, flags):
                 _set(m, "tiled_mlp", forward=_bind(m, fw.tiled_mlp_forward, gate=gate,
                                                    num_shards=flags.get("num_shards"),
                                                    dropout=spec.mlp_dropout))
+        elif t in bmm_experts:
+            gate = fw.gate_for(m.act_fn, flags["swiglu"], flags["geglu"])
+            if gate is not None:
+                _set(m, "swiglu" if gate == "swiglu" else "geglu",
+                     forward=_bind(m, fw.bmm_experts_forward, gate=gate))
         elif t in mlps or t in fused_mlps or t in experts:
             act = m.activation_fn if t in fused_mlps else _act(m)
             gate = fw.gate_for(act, flags["swiglu"], flags["geglu"])

@@ -47,6 +47,9 @@ class ModelSpec:
     mlps: Tuple[str, ...] = ()        # gate_proj / up_proj / down_proj / act_fn MLPs
     fused_mlps: Tuple[str, ...] = ()  # gate_up_proj / down_proj / activation_fn (Phi-3)
     experts: Tuple[str, ...] = ()     # MoE experts with a stacked gate_up_proj parameter
+    # MoE experts run as one bmm over (experts, tokens, hidden) inputs, gate_up_proj of shape
+    # (experts, hidden, 2 * inter) (Llama 4)
+    bmm_experts: Tuple[str, ...] = ()
     attentions: Tuple[str, ...] = ()  # call the module-level apply_rotary_pos_emb
     causal_lm: Optional[str] = None   # the ...ForCausalLM (...ForConditionalGeneration) class
     moe: bool = False                 # router aux loss (output_router_logits)
@@ -194,11 +197,12 @@ MODELS.update({
                         logit_multiplier="model.lm_head_multiplier"),
     # Llama 4's text model (Llama4ForCausalLM): Llama's rounding with the epsilon in "eps",
     # the weightless q / k L2Norm as fk.rms_norm without weight, the complex interleaved
-    # rotary through fk.llama4_rope, the shared expert's gated MLP (activation_fn). The
-    # routed experts (a bmm over (experts, tokens, hidden) inputs) stay Hugging Face's.
+    # rotary through fk.llama4_rope, the shared expert's gated MLP (activation_fn) and the
+    # routed experts' gate (their bmm kept).
     "llama4_text": ModelSpec(module="llama4", norm=LLAMA_EPS_NORM,
                              rms_norms=("Llama4TextRMSNorm", "Llama4TextL2Norm"),
-                             mlps=("Llama4TextMLP",), attentions=("Llama4TextAttention",),
+                             mlps=("Llama4TextMLP",), bmm_experts=("Llama4TextExperts",),
+                             attentions=("Llama4TextAttention",),
                              causal_lm="Llama4ForCausalLM", rope_style="llama4"),
 })
 
