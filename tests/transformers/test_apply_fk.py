@@ -897,3 +897,69 @@ def test_mm_generate_matches_unpatched(model_type, device):
         got = model.generate(ids, **kw)
     assert ops.count["rope"] > 0
     assert torch.equal(got, ref.generate(ids, **kw))
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_deepseek_v3_rotary_with_and_without_interleave(interleave):
+    """DeepSeek-V3's MLA rotates q_rot / k_rot with apply_rotary_pos_emb_interleave (pairs
+    (2i, 2i+1), de-interleaved out) or plain rotate-half: fk's rope either way."""
+    model, ref = _pair("deepseek_v3", rope_interleave=interleave)
+    ids, labels = _batch()
+    model.train(), ref.train()
+    with FkOps() as ops:
+        loss, grads = _loss_and_grads(model, ids, labels)
+    want, want_grads = _loss_and_grads(ref, ids, labels)
+    assert ops.count["rope"] == 2
+    torch.testing.assert_close(loss, want, atol=1e-6, rtol=1e-5)
+    for name in want_grads:
+        torch.testing.assert_close(grads[name], want_grads[name], atol=1e-6, rtol=1e-4,
+                                   msg=name)
+
+
+_MM_IMAGE_TOKENS = {"gemma3": 4, "llava": 16, "paligemma": 16}
+
+
+def _mm_image_inputs(model_type):
+    """One 8 x 8 image per row: its tokens (90) after the first token, the labels ignoring
+    them and the prompt; token_type_ids as the model wants them (Gemma 3: 1 on the image
+    tokens; PaliGemma: 0 on the prefix, 1 on the suffix the loss is on)."""
+    n = _MM_IMAGE_TOKENS[model_type]
+    seq = n + 8
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 80, (2, seq), generator=g)
+    ids[:, 1:1 + n] = 90
+    labels = ids.clone()
+    labels[:, :1 + n] = -100
+    kw = dict(input_ids=ids, labels=labels, pixel_values=torch.randn(2, 3, 8, 8, generator=g))
+    if model_type == "gemma3":
+        kw["token_type_ids"] = (ids == 90).long()
+    elif model_type == "paligemma":
+        kw["token_type_ids"] = (torch.arange(seq) >= n + 3).long().expand(2, seq)
+    return kw
+
+
+@pytest.mark.parametrize("model_type", list(_MM_IMAGE_TOKENS))
+def test_mm_with_an_image_matches(model_type):
+    """With an image: the vision tower's patched LayerNorms run; loss and every parameter's
+    gradient against Hugging Face's (PaliGemma's and Gemma 3's attention masks depend on the
+    labels and token types: passed on to the base model as Hugging Face does)."""
+    model, ref = _mm_pair(model_type)
+    kw = _mm_image_inputs(model_type)
+    model.train(), ref.train()
+    with FkOps() as ops:
+        out = model(**kw)
+        out.loss.backward()
+    want = ref(**kw)
+    want.loss.backward()
+    assert ops.count["_layer_norm_forward"] == MM_EXPECTED[model_type]["layer_norm"]
+    assert out.logits is None and out.image_hidden_states is not None
+    torch.testing.assert_close(out.image_hidden_states, want.image_hidden_states)
+    torch.testing.assert_close(out.loss, want.loss, atol=1e-6, rtol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        if q.grad is None:
+            assert p.grad is None, name
+            continue
+        # atol relative to the gradient's largest value: Gemma 3's projector gradients reach
+        # 1e3 here, where float32 sums cancelling to near 0 differ by ~1e-4
+        atol = 1e-6 * max(1.0, q.grad.abs().max().item())
+        torch.testing.assert_close(p.grad, q.grad, atol=atol, rtol=1e-4, msg=name)
