@@ -916,13 +916,14 @@ def test_deepseek_v3_rotary_with_and_without_interleave(interleave):
                                    msg=name)
 
 
-_MM_IMAGE_TOKENS = {"gemma3": 4, "llava": 16, "paligemma": 16}
+_MM_IMAGE_TOKENS = {"gemma3": 4, "llava": 16, "paligemma": 16, "mllama": 1}
 
 
 def _mm_image_inputs(model_type):
     """One 8 x 8 image per row: its tokens (90) after the first token, the labels ignoring
     them and the prompt; token_type_ids as the model wants them (Gemma 3: 1 on the image
-    tokens; PaliGemma: 0 on the prefix, 1 on the suffix the loss is on)."""
+    tokens; PaliGemma: 0 on the prefix, 1 on the suffix the loss is on); Mllama's one tile,
+    its aspect ratio and the cross-attention mask."""
     n = _MM_IMAGE_TOKENS[model_type]
     seq = n + 8
     g = torch.Generator().manual_seed(3)
@@ -935,12 +936,18 @@ def _mm_image_inputs(model_type):
         kw["token_type_ids"] = (ids == 90).long()
     elif model_type == "paligemma":
         kw["token_type_ids"] = (torch.arange(seq) >= n + 3).long().expand(2, seq)
+    elif model_type == "mllama":
+        kw.update(pixel_values=kw["pixel_values"][:, None, None],
+                  aspect_ratio_ids=torch.ones(2, 1, dtype=torch.long),
+                  aspect_ratio_mask=torch.ones(2, 1, 1, dtype=torch.long),
+                  cross_attention_mask=torch.ones(2, seq, 1, 1, dtype=torch.long))
     return kw
 
 
 @pytest.mark.parametrize("model_type", list(_MM_IMAGE_TOKENS))
 def test_mm_with_an_image_matches(model_type):
-    """With an image: the vision tower's patched LayerNorms run; loss and every parameter's
+    """With an image: the vision tower's patched LayerNorms run (and Mllama's cross-attention
+    layer); loss and every parameter's
     gradient against Hugging Face's (PaliGemma's and Gemma 3's attention masks depend on the
     labels and token types: passed on to the base model as Hugging Face does)."""
     model, ref = _mm_pair(model_type)
@@ -952,8 +959,12 @@ def test_mm_with_an_image_matches(model_type):
     want = ref(**kw)
     want.loss.backward()
     assert ops.count["_layer_norm_forward"] == MM_EXPECTED[model_type]["layer_norm"]
-    assert out.logits is None and out.image_hidden_states is not None
-    torch.testing.assert_close(out.image_hidden_states, want.image_hidden_states)
+    assert out.logits is None and type(out) is type(want)
+    if model_type == "mllama":  # the cross-attention layer runs: every norm, both MLPs
+        assert ops.count["_rms_norm_forward"] == MM_EXPECTED["mllama"]["rms_norm"]
+        assert ops.count["swiglu"] == 2
+    else:
+        torch.testing.assert_close(out.image_hidden_states, want.image_hidden_states)
     torch.testing.assert_close(out.loss, want.loss, atol=1e-6, rtol=1e-5)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         if q.grad is None:
