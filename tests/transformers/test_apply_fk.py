@@ -947,9 +947,9 @@ def _mm_image_inputs(model_type):
 @pytest.mark.parametrize("model_type", list(_MM_IMAGE_TOKENS))
 def test_mm_with_an_image_matches(model_type):
     """With an image: the vision tower's patched LayerNorms run (and Mllama's cross-attention
-    layer); loss and every parameter's
-    gradient against Hugging Face's (PaliGemma's and Gemma 3's attention masks depend on the
-    labels and token types: passed on to the base model as Hugging Face does)."""
+    layer); loss and every parameter's gradient against Hugging Face's (PaliGemma's and
+    Gemma 3's attention masks depend on the labels and token types: passed on to the base
+    model as Hugging Face does)."""
     model, ref = _mm_pair(model_type)
     kw = _mm_image_inputs(model_type)
     model.train(), ref.train()
