@@ -974,3 +974,32 @@ def test_mm_with_an_image_matches(model_type):
         # 1e3 here, where float32 sums cancelling to near 0 differ by ~1e-4
         atol = 1e-6 * max(1.0, q.grad.abs().max().item())
         torch.testing.assert_close(p.grad, q.grad, atol=atol, rtol=1e-4, msg=name)
+
+
+def test_llava_around_a_language_model_outside_the_table():
+    """Llava's row takes its language model's modules from the text model type's row; for a
+    type the table has not (Helium), they are checked (strict None) or left (strict True)."""
+    from transformers import AutoModelForImageTextToText, CONFIG_MAPPING
+    assert "helium" not in ft.SUPPORTED_MODEL_TYPES
+    config = CONFIG_MAPPING["llava"](text_config=dict(_MM_TEXT, model_type="helium"),
+                                     vision_config=dict(_MM_VISION,
+                                                        model_type="clip_vision_model"),
+                                     image_token_index=90)
+    config.tie_word_embeddings = False
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    ref = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    model = copy.deepcopy(ref)
+    ft.apply_fk(model, strict=True)
+    assert ft.patched(model) == dict(fused_linear_cross_entropy=1, cross_entropy=1,
+                                     layer_norm=4)
+    ft.apply_fk(model)
+    assert ft.patched(model) == dict(fused_linear_cross_entropy=1, cross_entropy=1,
+                                     layer_norm=4, rms_norm=5, swiglu=2)
+    checked = {e.cls for e in ft.report(model).by_status("patched")
+               if not e.detail.startswith("table")}
+    assert checked == {"HeliumRMSNorm", "HeliumMLP"}
+    ids, labels = _mm_batch()
+    model.train(), ref.train()
+    out, want = model(input_ids=ids, labels=labels), ref(input_ids=ids, labels=labels)
+    torch.testing.assert_close(out.loss, want.loss, atol=1e-6, rtol=1e-5)

@@ -53,7 +53,8 @@ with images or video as inputs, and in the vision tower the modules that are exa
 torch LayerNorms (Qwen2-VL, Qwen3-VL) and Qwen2.5-VL's RMSNorms and gated SiLU MLP. The vision
 attention and the non-gated vision MLPs keep Hugging Face's code. Likewise Gemma 3
 (``Gemma3ForConditionalGeneration``), Llava and PaliGemma (their language model by its own
-model type's row: Llama, Mistral, Gemma, Gemma 2, ...) and Mllama: the language model's
+model type's row: Llama, Mistral, Gemma, Gemma 2, ...; a language model outside the table
+is patched checked, unless ``strict=True``) and Mllama: the language model's
 modules, the loss (with the labels and token types passed on to the base model where its
 attention mask depends on them), and the vision towers' torch LayerNorms.
 

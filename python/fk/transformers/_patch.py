@@ -80,12 +80,25 @@ def apply(model, flags):
     revert(model)  # patching twice gives the same model as patching once
     if spec is not None:
         _apply_table(model, spec, flags)
-    if spec is None or strict is False:
+    # A Llava / PaliGemma around a language model outside the table: its modules are
+    # checked as another model's would be (strict None), or left (strict True).
+    unknown_language = spec is not None and spec.language_row and _language_spec(model) is None
+    if spec is None or strict is False or (unknown_language and strict is None):
         from . import _verify
         skip = {id(m) for m in model.modules() if _SAVED in m.__dict__}
         entries = _verify.patch_checked(model, flags, skip, _set, _bind)
         model.__dict__[_verify.REPORT] = entries
     return model
+
+
+def _language_spec(model):
+    """The table's row for the language model of a ``language_row`` model (Llava,
+    PaliGemma), or None when its model type has none (or only a row of its own kind)."""
+    text_type = getattr(getattr(model.config, "text_config", None), "model_type", None)
+    spec = MODELS.get(text_type)
+    if spec is None or spec.language_row or spec.output is not None:
+        return None
+    return spec
 
 
 def _modeling(spec):
@@ -97,10 +110,7 @@ def _apply_table(model, spec, flags):
     causal_lm = getattr(modeling, spec.causal_lm) if spec.causal_lm else None
     head_spec = spec
     if spec.language_row:  # the language model's modules by its own model type's row
-        text_type = getattr(model.config.text_config, "model_type", None)
-        spec = MODELS.get(text_type)
-        if spec is None or spec.language_row or spec.output is not None:
-            spec = dataclasses.replace(head_spec, language_row=False)  # the head alone
+        spec = _language_spec(model) or dataclasses.replace(spec, language_row=False)
     module_modeling = _modeling(spec)
 
     def classes(names):
