@@ -395,7 +395,9 @@ HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", 
 # More model types apply_fk patches: LayerNorm models (OLMo, Phi, StarCoder 2, Cohere),
 # interleaved rotary (GLM, ERNIE 4.5, Cohere), non-gated MLPs left unpatched (Phi, StarCoder 2).
 HF_MORE_MODEL_TYPES = ("glm", "glm4", "olmo", "olmo3", "smollm3", "phi", "starcoder2", "cohere",
-                       "cohere2", "exaone4", "ernie4_5", "hunyuan_v1_dense", "seed_oss")
+                       "cohere2", "exaone4", "ernie4_5", "hunyuan_v1_dense", "seed_oss",
+                       "gpt_oss", "deepseek_v3", "granitemoe", "qwen3_next", "falcon_h1",
+                       "llama4_text")
 
 # What makes each model type differ from Llama, switched on in its tiny config so that the
 # tests exercise it: MoE experts and the router loss, q/k norms, softcapping, partial rotary,
@@ -422,6 +424,35 @@ _HF_EXTRA = {
     "exaone4": dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
     # dropout off by default (its tests switch it on with a seeded generator)
     "seed_oss": dict(attention_dropout=0.0, residual_dropout=0.0),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, output_router_logits=True,
+                    router_aux_loss_coef=0.02, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention"]),
+    # MLA with q_lora (q_a_layernorm), one dense layer then one MoE layer with a shared expert
+    "deepseek_v3": dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16,
+                        qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4,
+                        num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,
+                        first_k_dense_replace=1, n_group=1, topk_group=1),
+    # (its router loss is off: transformers 5.17's GraniteMoe records no router logits, and
+    # its forward fails with output_router_logits=True)
+    "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2, output_router_logits=False,
+                       router_aux_loss_coef=0.02, logits_scaling=4.0,
+                       embedding_multiplier=2.0, residual_multiplier=0.5,
+                       attention_multiplier=0.2),
+    # one gated delta-net layer, one full-attention layer
+    "qwen3_next": dict(layer_types=["linear_attention", "full_attention"], num_experts=4,
+                       num_experts_per_tok=2, moe_intermediate_size=48,
+                       shared_expert_intermediate_size=48, output_router_logits=True,
+                       router_aux_loss_coef=0.02, linear_num_value_heads=4,
+                       linear_num_key_heads=2, linear_key_head_dim=16,
+                       linear_value_head_dim=16),
+    "falcon_h1": dict(mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
+                      mamba_d_state=16, mamba_chunk_size=8, mlp_multipliers=[0.7, 1.3],
+                      lm_head_multiplier=0.5, key_multiplier=0.8, embedding_multiplier=1.5),
+    # MoE on both layers (shared expert + 4 routed), rotary and q / k L2 norms on layer 0,
+    # NoPE (with temperature tuning) on layer 1
+    "llama4_text": dict(num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=96,
+                        no_rope_layers=[1, 0], use_qk_norm=True, attention_chunk_size=8,
+                        floor_scale=4, bos_token_id=None, eos_token_id=None),
 }
 
 
@@ -526,7 +557,7 @@ _TINY_CONFIG = dict(
     num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
     moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
     num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-    first_k_dense_replace=0, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
+    first_k_dense_replace=0, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=16,
     qk_nope_head_dim=8, v_head_dim=16, n_embd=32, n_layer=1, n_head=2, n_positions=64,
     n_inner=64, d_model=32, ffn_dim=64, num_layers=1, num_heads=2, d_ff=64, d_kv=16,
     decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=64, encoder_layers=1,

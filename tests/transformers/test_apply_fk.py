@@ -86,9 +86,28 @@ MORE_EXPECTED = {
     "ernie4_5": dict(rms_norm=5, rope=2, swiglu=2),
     "hunyuan_v1_dense": dict(rms_norm=9, rope=2, swiglu=2),
     "seed_oss": dict(rms_norm=5, rope=2, swiglu=2),
+    # GPT-OSS: its clamped experts stay Hugging Face's.
+    "gpt_oss": dict(rms_norm=5, rope=2),
+    # DeepSeek-V3: 4 norms a layer (with q_a / kv_a); a dense MLP, a shared expert, experts.
+    "deepseek_v3": dict(rms_norm=9, rope=2, swiglu=3),
+    "granitemoe": dict(rms_norm=5, rope=2, swiglu=2),
+    # Qwen3-Next: one full-attention layer (q / k norms), the gated delta-net layer left;
+    # a shared expert and the experts in each layer.
+    "qwen3_next": dict(rms_norm=7, rope=1, swiglu=4),
+    "falcon_h1": dict(rms_norm=5, rope=2, swiglu=2),
+    # Llama 4: the L2Norm of the rotary layer (one module for q and k); the shared expert
+    # and the routed experts of each layer.
+    "llama4_text": dict(rms_norm=6, rope=2, swiglu=4),
 }
-# Layers applying rotary (SmolLM 3's, EXAONE 4's and Cohere 2's tiny configs have a NoPE one).
-MORE_ROPE_LAYERS = {"smollm3": 1, "exaone4": 1, "cohere2": 1}
+# Layers applying rotary (SmolLM 3's, EXAONE 4's, Cohere 2's and Llama 4's tiny configs have a
+# NoPE one).
+MORE_ROPE_LAYERS = {"smollm3": 1, "exaone4": 1, "cohere2": 1, "llama4_text": 1}
+# fk's rotary op where it is not fk.rope.
+ROPE_OP = {"llama4_text": "llama4_rope"}
+# RMSNorm kernel launches where a module runs more than once (Llama 4's q / k L2Norm).
+MORE_NORM_CALLS = {"llama4_text": 7}
+# MoE experts run the gate once per expert that received tokens.
+MORE_MOE = ("deepseek_v3", "granitemoe", "qwen3_next")
 
 
 @pytest.mark.parametrize("model_type", HF_MORE_MODEL_TYPES)
@@ -101,11 +120,16 @@ def test_more_models_patch_what_they_should_and_kernels_run(model_type):
     model.train()
     with FkOps() as ops:
         model(input_ids=ids, labels=labels).loss.backward()
-    assert ops.count["_rms_norm_forward"] == expected.get("rms_norm", 0)
-    assert ops.count["_rms_norm_backward"] == expected.get("rms_norm", 0)
+    norms = MORE_NORM_CALLS.get(model_type, expected.get("rms_norm", 0))
+    assert ops.count["_rms_norm_forward"] == norms
+    assert ops.count["_rms_norm_backward"] == norms
     assert ops.count["_layer_norm_forward"] == expected.get("layer_norm", 0)
-    assert ops.count["rope"] == MORE_ROPE_LAYERS.get(model_type, expected["rope"])
-    assert ops.count["swiglu"] == expected.get("swiglu", 0)
+    assert ops.count[ROPE_OP.get(model_type, "rope")] == MORE_ROPE_LAYERS.get(
+        model_type, expected["rope"])
+    if model_type in MORE_MOE:
+        assert ops.count["swiglu"] >= expected["swiglu"]
+    else:
+        assert ops.count["swiglu"] == expected.get("swiglu", 0)
     assert ops.count["geglu"] == 0
     assert ops.count["_fused_linear_cross_entropy_forward"] == 1
 
@@ -324,7 +348,7 @@ def test_logits_built_when_fused_loss_is_off():
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gemma2", "granite", "qwen3_moe", "cohere",
-                                        "phi"])
+                                        "phi", "falcon_h1", "gpt_oss"])
 def test_num_items_in_batch_and_shift_labels(model_type):
     model, ref = _pair(model_type)
     ids, labels = _batch()
@@ -395,7 +419,7 @@ def test_generate_matches_unpatched(model_type, device):
     kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
     with FkOps() as ops:
         got = model.generate(ids, **kw)
-    assert ops.count["rope"] > 0
+    assert ops.count[ROPE_OP.get(model_type, "rope")] > 0
     assert torch.equal(got, ref.generate(ids, **kw))
 
 
@@ -729,3 +753,253 @@ def test_a_hook_dropping_the_labels_raises_instead_of_returning_logits():
     ids, labels = _batch()
     with pytest.raises(RuntimeError, match="dropped the labels"):
         model(input_ids=ids, labels=labels)
+
+
+# --- Gemma 3, Llava, PaliGemma, Mllama (...ForConditionalGeneration), text inputs -----------
+
+MM_MODEL_TYPES = ("gemma3", "llava", "paligemma", "mllama")
+_MM_TEXT = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                head_dim=16, pad_token_id=0, bos_token_id=None, eos_token_id=None)
+_MM_VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=8, patch_size=2, projection_dim=32)
+# What apply_fk replaces (besides the loss): the language model's norms (Gemma 3's projector
+# norm too), rotary and gated MLPs; the vision towers' torch LayerNorms. Mllama's second
+# layer is a cross-attention layer (no rotary; its q / k norms are patched).
+MM_EXPECTED = {
+    "gemma3": dict(rms_norm=14, rope=2, geglu=2, layer_norm=4),
+    "llava": dict(rms_norm=5, rope=2, swiglu=2, layer_norm=4),
+    "paligemma": dict(rms_norm=5, rope=2, geglu=2, layer_norm=4),
+    "mllama": dict(rms_norm=7, rope=1, swiglu=2, layer_norm=6),
+}
+# The norms that run on text inputs: not Gemma 3's projector norm, nor Mllama's
+# cross-attention layer (skipped without an image, its MLP too).
+MM_NORM_CALLS = {"gemma3": 13, "llava": 5, "paligemma": 5, "mllama": 3}
+
+
+def tiny_mm_model(model_type, seed=0):
+    """A randomly initialised ``...ForConditionalGeneration``: the language model as
+    tiny_hf_model's (Llama for Llava, Gemma for PaliGemma), a one-layer vision tower."""
+    from transformers import AutoModelForImageTextToText, CONFIG_MAPPING
+    cls = CONFIG_MAPPING[model_type]
+    if model_type == "gemma3":
+        config = cls(text_config=dict(_MM_TEXT, query_pre_attn_scalar=16, sliding_window=8),
+                     vision_config=_MM_VISION, mm_tokens_per_image=4, image_token_index=90,
+                     boi_token_index=91, eoi_token_index=92)
+    elif model_type == "llava":
+        config = cls(text_config=dict(_MM_TEXT, model_type="llama"),
+                     vision_config=dict(_MM_VISION, model_type="clip_vision_model"),
+                     image_token_index=90)
+    elif model_type == "paligemma":
+        config = cls(text_config=dict(_MM_TEXT, model_type="gemma"),
+                     vision_config=dict(_MM_VISION, model_type="siglip_vision_model"),
+                     image_token_index=90, projection_dim=64)
+    else:
+        config = cls(text_config=dict(_MM_TEXT, bos_token_id=1, eos_token_id=2,
+                                      cross_attention_layers=[1]),
+                     vision_config=dict(hidden_size=32, intermediate_size=48,
+                                        num_hidden_layers=1, num_global_layers=1,
+                                        attention_heads=2, image_size=8, patch_size=2,
+                                        vision_output_dim=64, intermediate_layers_indices=[0],
+                                        max_num_tiles=1, supported_aspect_ratios=[[1, 1]]),
+                     image_token_index=90)
+    config.tie_word_embeddings = False
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def _mm_pair(model_type):
+    ref = tiny_mm_model(model_type)
+    model = copy.deepcopy(ref)
+    ft.apply_fk(model)
+    return model, ref
+
+
+def _mm_batch(device="cpu", seq=12):
+    ids = torch.randint(1, 80, (2, seq), generator=torch.Generator().manual_seed(3)).to(device)
+    labels = ids.clone()
+    labels[0, :2] = -100
+    return ids, labels
+
+
+def test_mm_model_types_are_supported():
+    assert set(MM_MODEL_TYPES) <= set(ft.SUPPORTED_MODEL_TYPES)
+
+
+@pytest.mark.parametrize("model_type", MM_MODEL_TYPES)
+def test_mm_patches_and_matches(model_type):
+    """float32 on the CPU, text inputs: what is patched, the fk kernels that run, the loss and
+    every parameter's gradient against Hugging Face's, and the eval logits."""
+    model, ref = _mm_pair(model_type)
+    expected = dict(MM_EXPECTED[model_type], fused_linear_cross_entropy=1, cross_entropy=1)
+    assert ft.patched(model) == expected
+    ids, labels = _mm_batch()
+    model.train(), ref.train()
+    with FkOps() as ops:
+        out = model(input_ids=ids, labels=labels)
+        out.loss.backward()
+    want = ref(input_ids=ids, labels=labels)
+    want.loss.backward()
+    assert ops.count["_fused_linear_cross_entropy_forward"] == 1
+    assert ops.count["rope"] == expected["rope"]
+    assert ops.count["_rms_norm_forward"] == MM_NORM_CALLS[model_type]
+    gate = "geglu" if "geglu" in expected else "swiglu"
+    assert ops.count[gate] == (1 if model_type == "mllama" else expected[gate])
+    assert out.logits is None and type(out) is type(want)
+    torch.testing.assert_close(out.loss, want.loss, atol=1e-6, rtol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        if q.grad is None:
+            assert p.grad is None, name
+            continue
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-4, msg=name)
+    model.eval(), ref.eval()
+    with torch.no_grad():
+        out, want = model(input_ids=ids, labels=labels), ref(input_ids=ids, labels=labels)
+    torch.testing.assert_close(out.logits, want.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss, want.loss, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", MM_MODEL_TYPES)
+def test_mm_revert_restores_the_model_exactly(model_type):
+    model = tiny_mm_model(model_type)
+    pristine = copy.deepcopy(model)
+    before = _module_state(model)
+    ft.apply_fk(model)
+    assert _module_state(model) != before
+    ft.revert_fk(model)
+    after = _module_state(model)
+    assert after.keys() == before.keys()
+    for name in before:
+        assert after[name].keys() == before[name].keys(), name
+        assert all(after[name][k] is before[name][k] for k in before[name]), name
+    assert ft.patched(model) == {}
+    ids, labels = _mm_batch()
+    model.train(), pristine.train()
+    out, ref = model(input_ids=ids, labels=labels), pristine(input_ids=ids, labels=labels)
+    assert torch.equal(out.loss, ref.loss) and torch.equal(out.logits, ref.logits)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("model_type", MM_MODEL_TYPES)
+def test_mm_generate_matches_unpatched(model_type, device):
+    model, ref = _mm_pair(model_type)
+    model.to(device), ref.to(device)
+    ids = _mm_batch(device, seq=5)[0]
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+              pad_token_id=0)
+    with FkOps() as ops:
+        got = model.generate(ids, **kw)
+    assert ops.count["rope"] > 0
+    assert torch.equal(got, ref.generate(ids, **kw))
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_deepseek_v3_rotary_with_and_without_interleave(interleave):
+    """DeepSeek-V3's MLA rotates q_rot / k_rot with apply_rotary_pos_emb_interleave (pairs
+    (2i, 2i+1), de-interleaved out) or plain rotate-half: fk's rope either way."""
+    model, ref = _pair("deepseek_v3", rope_interleave=interleave)
+    ids, labels = _batch()
+    model.train(), ref.train()
+    with FkOps() as ops:
+        loss, grads = _loss_and_grads(model, ids, labels)
+    want, want_grads = _loss_and_grads(ref, ids, labels)
+    assert ops.count["rope"] == 2
+    torch.testing.assert_close(loss, want, atol=1e-6, rtol=1e-5)
+    for name in want_grads:
+        torch.testing.assert_close(grads[name], want_grads[name], atol=1e-6, rtol=1e-4,
+                                   msg=name)
+
+
+_MM_IMAGE_TOKENS = {"gemma3": 4, "llava": 16, "paligemma": 16, "mllama": 1}
+
+
+def _mm_image_inputs(model_type):
+    """One 8 x 8 image per row: its tokens (90) after the first token, the labels ignoring
+    them and the prompt; token_type_ids as the model wants them (Gemma 3: 1 on the image
+    tokens; PaliGemma: 0 on the prefix, 1 on the suffix the loss is on); Mllama's one tile,
+    its aspect ratio and the cross-attention mask."""
+    n = _MM_IMAGE_TOKENS[model_type]
+    seq = n + 8
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 80, (2, seq), generator=g)
+    ids[:, 1:1 + n] = 90
+    labels = ids.clone()
+    labels[:, :1 + n] = -100
+    kw = dict(input_ids=ids, labels=labels, pixel_values=torch.randn(2, 3, 8, 8, generator=g))
+    if model_type == "gemma3":
+        kw["token_type_ids"] = (ids == 90).long()
+    elif model_type == "paligemma":
+        kw["token_type_ids"] = (torch.arange(seq) >= n + 3).long().expand(2, seq)
+    elif model_type == "mllama":
+        kw.update(pixel_values=kw["pixel_values"][:, None, None],
+                  aspect_ratio_ids=torch.ones(2, 1, dtype=torch.long),
+                  aspect_ratio_mask=torch.ones(2, 1, 1, dtype=torch.long),
+                  cross_attention_mask=torch.ones(2, seq, 1, 1, dtype=torch.long))
+    return kw
+
+
+@pytest.mark.parametrize("model_type", list(_MM_IMAGE_TOKENS))
+def test_mm_with_an_image_matches(model_type):
+    """With an image: the vision tower's patched LayerNorms run (and Mllama's cross-attention
+    layer); loss and every parameter's gradient against Hugging Face's (PaliGemma's and
+    Gemma 3's attention masks depend on the labels and token types: passed on to the base
+    model as Hugging Face does)."""
+    model, ref = _mm_pair(model_type)
+    kw = _mm_image_inputs(model_type)
+    model.train(), ref.train()
+    with FkOps() as ops:
+        out = model(**kw)
+        out.loss.backward()
+    want = ref(**kw)
+    want.loss.backward()
+    assert ops.count["_layer_norm_forward"] == MM_EXPECTED[model_type]["layer_norm"]
+    assert out.logits is None and type(out) is type(want)
+    if model_type == "mllama":  # the cross-attention layer runs: every norm, both MLPs
+        assert ops.count["_rms_norm_forward"] == MM_EXPECTED["mllama"]["rms_norm"]
+        assert ops.count["swiglu"] == 2
+    else:
+        torch.testing.assert_close(out.image_hidden_states, want.image_hidden_states)
+    torch.testing.assert_close(out.loss, want.loss, atol=1e-6, rtol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        if q.grad is None:
+            assert p.grad is None, name
+            continue
+        # atol relative to the gradient's largest value: Gemma 3's projector gradients reach
+        # 1e3 here, where float32 sums cancelling to near 0 differ by ~1e-4
+        atol = 1e-6 * max(1.0, q.grad.abs().max().item())
+        torch.testing.assert_close(p.grad, q.grad, atol=atol, rtol=1e-4, msg=name)
+
+
+def test_llava_around_a_language_model_outside_the_table():
+    """Llava's row takes its language model's modules from the text model type's row; for a
+    type the table has not (Helium), they are checked (strict None) or left (strict True)."""
+    from transformers import AutoModelForImageTextToText, CONFIG_MAPPING
+    assert "helium" not in ft.SUPPORTED_MODEL_TYPES
+    config = CONFIG_MAPPING["llava"](text_config=dict(_MM_TEXT, model_type="helium"),
+                                     vision_config=dict(_MM_VISION,
+                                                        model_type="clip_vision_model"),
+                                     image_token_index=90)
+    config.tie_word_embeddings = False
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    ref = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    model = copy.deepcopy(ref)
+    ft.apply_fk(model, strict=True)
+    assert ft.patched(model) == dict(fused_linear_cross_entropy=1, cross_entropy=1,
+                                     layer_norm=4)
+    ft.apply_fk(model)
+    assert ft.patched(model) == dict(fused_linear_cross_entropy=1, cross_entropy=1,
+                                     layer_norm=4, rms_norm=5, swiglu=2)
+    checked = {e.cls for e in ft.report(model).by_status("patched")
+               if not e.detail.startswith("table")}
+    assert checked == {"HeliumRMSNorm", "HeliumMLP"}
+    ids, labels = _mm_batch()
+    model.train(), ref.train()
+    out, want = model(input_ids=ids, labels=labels), ref(input_ids=ids, labels=labels)
+    torch.testing.assert_close(out.loss, want.loss, atol=1e-6, rtol=1e-5)

@@ -9,21 +9,29 @@ What is replaced, per module kind (each switched by the keyword of the same name
 
 - ``rms_norm``: every RMSNorm of the model (including Qwen 3's and Gemma 3's q/k norms and
   OLMo 2's), with the model's own rounding: Llama-style, Gemma-style (``offset=1``, float32
-  throughout) or OLMo 2-style (float32 product with the weight).
-- ``rope``: the rotary embedding in attention, q and k in one launch: rotate-half (Llama),
-  or interleaved pairs ``(x[2i], x[2i+1])`` (GLM, ERNIE 4.5, Cohere); partial rotary where
-  the model has it (Phi, Phi-3, GLM with ``partial_rotary_factor``).
+  throughout: also Qwen3-Next's) or OLMo 2-style (float32 product with the weight: also
+  GPT-OSS's); Llama 4's weightless q/k L2Norm as an RMSNorm without weight. Gated norms
+  (a second input: Qwen3-Next's and Falcon-H1's ``...RMSNormGated``) stay Hugging Face's.
+- ``rope``: the rotary embedding in attention, q and k in one launch: rotate-half (Llama;
+  GPT-OSS's with one cos/sin value per pair), or interleaved pairs ``(x[2i], x[2i+1])``
+  (GLM, ERNIE 4.5, Cohere; DeepSeek-V3's ``rope_interleave``, whose output is
+  de-interleaved, on the MLA rotary part), Llama 4's complex rotation
+  (``fk.llama4_rope``); partial rotary where the model has it (Phi, Phi-3, GLM with
+  ``partial_rotary_factor``, Qwen3-Next).
 - ``swiglu`` / ``geglu``: the gate of the MLPs (``act(gate_proj(x)) * up_proj(x)``), by the
   model's activation: SiLU -> swiglu, tanh GELU (Gemma) -> geglu "tanh", exact GELU -> geglu
-  "none"; also the stacked ``gate_up_proj`` of Phi-3 and GLM / GLM-4 and the MoE experts of
-  Mixtral / Qwen3-MoE. MLPs without a gate (Phi's, StarCoder 2's) stay Hugging Face's.
+  "none"; also the stacked ``gate_up_proj`` of Phi-3 and GLM / GLM-4, Falcon-H1's MLP with
+  its gate / down multipliers, and the MoE experts of Mixtral / Qwen3-MoE / DeepSeek-V3 /
+  Granite MoE / Qwen3-Next / Llama 4. MLPs without a gate (Phi's, StarCoder 2's) and
+  GPT-OSS's clamped experts stay Hugging Face's.
 - ``fused_linear_cross_entropy``: in training (``model.training`` and ``labels`` given) the
   causal-LM loss comes from the hidden states through ``fk.fused_linear_cross_entropy``:
   the ``(tokens, vocab)`` logits are never built and ``outputs.logits`` is None. Hugging
   Face's conventions hold: labels shifted inside, ``ignore_index=-100``,
   ``num_items_in_batch`` (a sum divided by it, for gradient accumulation), ``shift_labels``,
   ``logits_to_keep``, Gemma's final logit softcapping, Granite's ``logits_scaling``,
-  Cohere's ``logit_scale``, and the MoE router auxiliary loss. In eval mode or without
+  Cohere's ``logit_scale``, Falcon-H1's ``lm_head_multiplier``, and the MoE router
+  auxiliary loss. In eval mode or without
   labels the model's forward runs as before and returns logits.
 - ``cross_entropy``: where logits are built (eval with labels, or with
   ``fused_linear_cross_entropy=False``), the loss through ``fk.cross_entropy``.
@@ -43,7 +51,12 @@ are combined by the model's rotary-embedding module, so ``rope`` is the plain ro
 rotation; Qwen3-VL-MoE's experts are left as they are), the loss through the model's forward
 with images or video as inputs, and in the vision tower the modules that are exactly fk's:
 torch LayerNorms (Qwen2-VL, Qwen3-VL) and Qwen2.5-VL's RMSNorms and gated SiLU MLP. The vision
-attention and the non-gated vision MLPs keep Hugging Face's code.
+attention and the non-gated vision MLPs keep Hugging Face's code. Likewise Gemma 3
+(``Gemma3ForConditionalGeneration``), Llava and PaliGemma (their language model by its own
+model type's row: Llama, Mistral, Gemma, Gemma 2, ...; a language model outside the table
+is patched checked, unless ``strict=True``) and Mllama: the language model's
+modules, the loss (with the labels and token types passed on to the base model where its
+attention mask depends on them), and the vision towers' torch LayerNorms.
 
 Distributed training runs on torch's own engines. Under DDP, and under FSDP2
 (``torch.distributed.fsdp.fully_shard``) per decoder layer and on the root, a patched model

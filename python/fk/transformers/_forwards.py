@@ -3,6 +3,7 @@
 Each is written once for every model that has that kind of module; per-model differences come
 in as arguments from the table (``_table.py``). ``_patch.py`` binds them to instances.
 """
+import dataclasses
 import functools
 import inspect
 import types
@@ -46,9 +47,9 @@ def _gate(kind, a, b, in_place):
 # --- module forwards (bound to an instance: the first argument is the module) -------------
 
 def rms_norm_forward(self, hidden_states, *, norm):
-    weight = self.weight
-    if weight.dtype != hidden_states.dtype:  # e.g. float32 weights under autocast
-        weight = weight.to(hidden_states.dtype)
+    weight = getattr(self, "weight", None)  # None: a norm without one (Llama 4's L2Norm)
+    if weight is not None and weight.dtype != hidden_states.dtype:  # e.g. float32 weights
+        weight = weight.to(hidden_states.dtype)                     # under autocast
     return rms_norm(hidden_states, weight, getattr(self, norm.eps_attr), norm.offset,
                     norm.casting_mode)
 
@@ -75,7 +76,10 @@ def _output_dropout(self, y, dropout):
     return F.dropout(y, p=getattr(self, dropout), training=self.training)
 
 
-def mlp_forward(self, x, *, gate, dropout=None):
+def mlp_forward(self, x, *, gate, dropout=None, multipliers=False):
+    if multipliers:  # Falcon-H1: act(gate_proj(x) * gate_multiplier), output * down_multiplier
+        h = _gate(gate, self.gate_proj(x) * self.gate_multiplier, self.up_proj(x), True)
+        return self.down_proj(h) * self.down_multiplier
     # The projections' outputs are read by nothing but the gate, so its backward may write
     # the gradients over them.
     y = self.down_proj(_gate(gate, self.gate_proj(x), self.up_proj(x), True))
@@ -120,6 +124,14 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     return out
 
 
+def bmm_experts_forward(self, hidden_states, *, gate):
+    """Llama 4's experts: tokens already grouped per expert, ``(experts * tokens, hidden)``;
+    one bmm into the stacked gate / up projection, fk's gate, one bmm out."""
+    x = hidden_states.view(self.gate_up_proj.shape[0], -1, self.hidden_size)
+    g, u = torch.bmm(x, self.gate_up_proj).chunk(2, dim=-1)
+    return torch.bmm(_gate(gate, g, u, False), self.down_proj).view(-1, self.hidden_size)
+
+
 def _interleaved_rope(q, k, cos, sin, unsqueeze_dim, half_cos):
     if half_cos:
         # cos / sin's first half, one value per rotating pair; the rotated width is theirs.
@@ -149,17 +161,49 @@ def apply_rotary_pos_emb_glm(q, k, cos, sin, unsqueeze_dim=1):
     return _interleaved_rope(q, k, cos, sin, unsqueeze_dim, True)
 
 
-ROPES = {"half": apply_rotary_pos_emb, "interleaved": apply_rotary_pos_emb_interleaved,
-         "glm": apply_rotary_pos_emb_glm}
+def apply_rotary_pos_emb_pair(q, k, cos, sin, unsqueeze_dim=1):
+    """GPT-OSS's ``apply_rotary_pos_emb``: rotate-half (``x[i]`` with ``x[i + D/2]``) with
+    cos / sin holding one value per pair (width ``D / 2``)."""
+    rotary_dim = 2 * cos.shape[-1]
+    if unsqueeze_dim == 1:
+        return rope(q, k, cos, sin, rotary_dim)
+    if unsqueeze_dim == 2:
+        q_out, k_out = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin, rotary_dim)
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    raise ValueError(f"fk.apply_rotary_pos_emb: unsqueeze_dim must be 1 or 2, got {unsqueeze_dim}")
+
+
+def apply_rotary_pos_emb_deinterleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """DeepSeek-V3's ``apply_rotary_pos_emb_interleave``: pairs ``(x[2i], x[2i+1])`` turn by
+    the angle of cos / sin's first half and come out de-interleaved (the even dims' results,
+    then the odd dims'): the rotate-half rotation of ``cat(x[0::2], x[1::2])``."""
+    q = torch.cat((q[..., 0::2], q[..., 1::2]), dim=-1)
+    k = torch.cat((k[..., 0::2], k[..., 1::2]), dim=-1)
+    return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
+
+
+def _llama4_apply_rotary_emb(xq, xk, freqs_cis):
+    from ..ops.llama4_rope import apply_rotary_emb
+    return apply_rotary_emb(xq, xk, freqs_cis)
+
+
+# Per rope style: the names in the attention's module that resolve to fk's functions.
+ROPES = {"half": {"apply_rotary_pos_emb": apply_rotary_pos_emb},
+         "interleaved": {"apply_rotary_pos_emb": apply_rotary_pos_emb_interleaved},
+         "glm": {"apply_rotary_pos_emb": apply_rotary_pos_emb_glm},
+         "pair": {"apply_rotary_pos_emb": apply_rotary_pos_emb_pair},
+         "deepseek": {"apply_rotary_pos_emb": apply_rotary_pos_emb,
+                      "apply_rotary_pos_emb_interleave": apply_rotary_pos_emb_deinterleave},
+         "llama4": {"apply_rotary_emb": _llama4_apply_rotary_emb}}
 
 
 @functools.lru_cache(maxsize=None)
 def rope_forward(cls, style="half"):
-    """``cls.forward`` with the name ``apply_rotary_pos_emb`` resolving to fk's (of the
-    model's ``style``: see ``ROPES``): the same code object, run against a copy of its
-    module's globals. The class is left untouched."""
+    """``cls.forward`` with the name ``apply_rotary_pos_emb`` (or the style's others) resolving
+    to fk's (of the model's ``style``: see ``ROPES``): the same code object, run against a
+    copy of its module's globals. The class is left untouched."""
     f = cls.forward
-    scope = dict(f.__globals__, apply_rotary_pos_emb=ROPES[style])
+    scope = dict(f.__globals__, **ROPES[style])
     g = types.FunctionType(f.__code__, scope, f.__name__, f.__defaults__, f.__closure__)
     g.__kwdefaults__ = f.__kwdefaults__
     g.__qualname__, g.__doc__, g.__module__ = f.__qualname__, f.__doc__, f.__module__
@@ -286,6 +330,14 @@ def _parameters(f):
     return tuple(inspect.signature(f).parameters)
 
 
+def _logit_multiplier(model, spec):
+    if spec.logit_scale:
+        return model.logit_scale
+    if spec.logit_multiplier is not None:
+        return functools.reduce(getattr, spec.logit_multiplier.split("."), model)
+    return None
+
+
 def _training_forward(self, input_ids=None, attention_mask=None, position_ids=None,
                       past_key_values=None, inputs_embeds=None, labels=None, use_cache=None,
                       logits_to_keep=0, output_router_logits=None, return_dict=None, *,
@@ -305,7 +357,12 @@ def _training_forward(self, input_ids=None, attention_mask=None, position_ids=No
             if output_router_logits is None:
                 output_router_logits = config.output_router_logits
             extra["output_router_logits"] = output_router_logits
-    outputs = getattr(self, self.base_model_prefix)(
+    if spec.labels_to_base:
+        extra["labels"] = labels
+    base = getattr(self, self.base_model_prefix, None)
+    if base is None:  # Llama 4's causal LM keeps its text model in .model
+        base = self.model
+    outputs = base(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
         past_key_values=past_key_values, inputs_embeds=inputs_embeds, **extra, **kwargs)
     hidden = outputs.last_hidden_state
@@ -314,7 +371,7 @@ def _training_forward(self, input_ids=None, attention_mask=None, position_ids=No
         self.lm_head, hidden[:, keep, :], labels,
         scale=config.logits_scaling if spec.logits_scaling else None,
         softcap=config.final_logit_softcapping if spec.softcap else None,
-        multiplier=self.logit_scale if spec.logit_scale else None,
+        multiplier=_logit_multiplier(self, spec),
         num_items_in_batch=kwargs.get("num_items_in_batch"),
         ignore_index=kwargs.get("ignore_index", -100), shift_labels=kwargs.get("shift_labels"))
     common = dict(loss=loss, logits=None, past_key_values=outputs.past_key_values,
@@ -333,8 +390,11 @@ def _training_forward(self, input_ids=None, attention_mask=None, position_ids=No
                 outputs.router_logits, num_experts, top_k, attention_mask)
             loss = loss + coef * aux_loss.to(loss.device)
         common.update(loss=loss, aux_loss=aux_loss, router_logits=outputs.router_logits)
-    if spec.output is not None:
-        out = getattr(modeling, spec.output)(**common, rope_deltas=outputs.rope_deltas)
+    if spec.output is not None:  # with the base model's other outputs (rope_deltas, ...)
+        cls = getattr(modeling, spec.output)
+        more = {f.name: getattr(outputs, f.name, None) for f in dataclasses.fields(cls)
+                if f.name not in common}
+        out = cls(**common, **more)
     elif spec.moe:
         out = MoeCausalLMOutputWithPast(**common)
     else:

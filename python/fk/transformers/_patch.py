@@ -6,6 +6,7 @@ Only instance attributes change (``forward``, ``_apply_gate``, ``_loss_function`
 other models of the same class are unaffected and the state dict stays the same.
 """
 import collections
+import dataclasses
 import importlib
 import inspect
 from types import MethodType
@@ -79,7 +80,10 @@ def apply(model, flags):
     revert(model)  # patching twice gives the same model as patching once
     if spec is not None:
         _apply_table(model, spec, flags)
-    if spec is None or strict is False:
+    # A Llava / PaliGemma around a language model outside the table: its modules are
+    # checked as another model's would be (strict None), or left (strict True).
+    unknown_language = spec is not None and spec.language_row and _language_spec(model) is None
+    if spec is None or strict is False or (unknown_language and strict is None):
         from . import _verify
         skip = {id(m) for m in model.modules() if _SAVED in m.__dict__}
         entries = _verify.patch_checked(model, flags, skip, _set, _bind)
@@ -87,37 +91,62 @@ def apply(model, flags):
     return model
 
 
+def _language_spec(model):
+    """The table's row for the language model of a ``language_row`` model (Llava,
+    PaliGemma), or None when its model type has none (or only a row of its own kind)."""
+    text_type = getattr(getattr(model.config, "text_config", None), "model_type", None)
+    spec = MODELS.get(text_type)
+    if spec is None or spec.language_row or spec.output is not None:
+        return None
+    return spec
+
+
+def _modeling(spec):
+    return importlib.import_module(f"transformers.models.{spec.module}.modeling_{spec.module}")
+
+
 def _apply_table(model, spec, flags):
-    modeling = importlib.import_module(f"transformers.models.{spec.module}.modeling_{spec.module}")
+    modeling = _modeling(spec)
+    causal_lm = getattr(modeling, spec.causal_lm) if spec.causal_lm else None
+    head_spec = spec
+    if spec.language_row:  # the language model's modules by its own model type's row
+        spec = _language_spec(model) or dataclasses.replace(spec, language_row=False)
+    module_modeling = _modeling(spec)
 
     def classes(names):
-        return tuple(getattr(modeling, n) for n in names)
+        return tuple(getattr(module_modeling, n) for n in names)
 
     norms, mlps, fused_mlps, experts, attentions = map(
         classes, (spec.rms_norms, spec.mlps, spec.fused_mlps, spec.experts, spec.attentions))
     layer_norms = classes(spec.layer_norms)
-    causal_lm = getattr(modeling, spec.causal_lm) if spec.causal_lm else None
+    bmm_experts = classes(spec.bmm_experts)
 
     for m in model.modules():
         t = _model_class(m)
         if t in norms:
             if flags["rms_norm"]:
                 _set(m, "rms_norm", forward=_bind(m, fw.rms_norm_forward, norm=spec.norm))
-        elif t in mlps and flags.get("tiled_mlp"):
-            gate = fw.gate_for(m.act_fn, True, True)
+        elif t in mlps and flags.get("tiled_mlp") and not spec.mlp_multipliers:
+            gate = fw.gate_for(_act(m), True, True)
             if gate is not None:
                 _set(m, "tiled_mlp", forward=_bind(m, fw.tiled_mlp_forward, gate=gate,
                                                    num_shards=flags.get("num_shards"),
                                                    dropout=spec.mlp_dropout))
+        elif t in bmm_experts:
+            gate = fw.gate_for(m.act_fn, flags["swiglu"], flags["geglu"])
+            if gate is not None:
+                _set(m, "swiglu" if gate == "swiglu" else "geglu",
+                     forward=_bind(m, fw.bmm_experts_forward, gate=gate))
         elif t in mlps or t in fused_mlps or t in experts:
-            act = m.activation_fn if t in fused_mlps else m.act_fn
+            act = m.activation_fn if t in fused_mlps else _act(m)
             gate = fw.gate_for(act, flags["swiglu"], flags["geglu"])
             if gate is None:
                 continue
             kind = "swiglu" if gate == "swiglu" else "geglu"
             if t in mlps:
                 _set(m, kind, forward=_bind(m, fw.mlp_forward, gate=gate,
-                                            dropout=spec.mlp_dropout))
+                                            dropout=spec.mlp_dropout,
+                                            multipliers=spec.mlp_multipliers))
             elif t in fused_mlps:
                 _set(m, kind, forward=_bind(m, fw.fused_mlp_forward, gate=gate))
             else:
@@ -135,7 +164,7 @@ def _apply_table(model, spec, flags):
                 _set(m, "rope", forward=_bind(m, fw.rope_forward(t, spec.rope_style)))
         elif t is causal_lm:
             if flags["fused_linear_cross_entropy"]:
-                forward = _bind(m, fw.causal_lm_forward, spec=spec, modeling=modeling)
+                forward = _bind(m, fw.causal_lm_forward, spec=head_spec, modeling=modeling)
                 # generate() checks its keyword arguments (pixel_values, ...) against the
                 # forward's signature: show it the original one.
                 forward.__func__.__signature__ = inspect.signature(t.forward)
@@ -151,6 +180,12 @@ def _apply_table(model, spec, flags):
         elif t is torch.nn.LayerNorm:
             if flags["layer_norm"] and len(m.normalized_shape) == 1:
                 _set(m, "layer_norm", forward=_bind(m, fw.layer_norm_forward))
+
+
+def _act(mlp):
+    """A gate / up / down MLP's activation module (``act_fn``; Llama 4's: ``activation_fn``)."""
+    act = getattr(mlp, "act_fn", None)
+    return act if act is not None else getattr(mlp, "activation_fn", None)
 
 
 def revert(model):
