@@ -42,8 +42,10 @@ FLAG_COLS = 4  # 1 x 128 blocks, the column-wise copy alone
 FLAG_WEIGHT = 8  # 128 x 128 blocks
 # (flags, TILE_M, TILE_K, warps) per form; no flag: 1 x 128 blocks, both copies. From
 # benchmarks/tune_fp8_quantize.py on an H100 at 8192 x 4096 bf16 (benchmarks/NOTES.md v14).
+# Weights: 8 warps (16 were 25 % faster but wrote NaN into the column-wise copy of float32
+# weights: a Triton 3.6 layout conversion of the 128 x 128 float32 tile at 16 warps).
 FORMS = ((0, 128, 128, 8), (FLAG_ROWS, 32, 128, 4), (FLAG_COLS, 128, 32, 4),
-         (FLAG_WEIGHT, 128, 128, 16))
+         (FLAG_WEIGHT, 128, 128, 8))
 
 
 @triton.jit

@@ -86,9 +86,16 @@ def moe_permute_bound(num_tokens: int, num_experts: int, topk: int, pad_to: int 
     per_expert = (num_tokens + pad_to - 1) // pad_to * pad_to
     if torch.jit.is_scripting():
         return min(routed + min(num_experts, routed) * (pad_to - 1), num_experts * per_expert)
-    # sym_min: no guard on the sizes under torch.compile with dynamic shapes
-    bound = routed + torch.sym_min(num_experts, routed) * (pad_to - 1)
-    return torch.sym_min(bound, num_experts * per_expert)
+    # sym_min: no guard on symbolic sizes under torch.compile with dynamic shapes (plain ints
+    # take min: dynamo rejects a torch.* call that returns an int)
+    bound = routed + _min(num_experts, routed) * (pad_to - 1)
+    return _min(bound, num_experts * per_expert)
+
+
+def _min(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    return torch.sym_min(a, b)
 
 
 @torch.jit.unused
