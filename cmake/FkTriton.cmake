@@ -49,9 +49,14 @@ else()
                           "triton==${_fk_triton_version}` failed. Set FK_TRITON_PATH to a folder "
                           "holding a triton package (e.g. one made with pip install --target).")
     endif()
-    # Installed whole or not at all: another build never sees a half-written folder.
-    file(REMOVE_RECURSE "${FK_TRITON_DIR}")
-    file(RENAME "${_fk_tmp}" "${FK_TRITON_DIR}")
+    # Installed whole or not at all: another build never sees a half-written folder (and where
+    # one installed it meanwhile, that copy stays).
+    if(EXISTS "${FK_TRITON_DIR}/triton-${_fk_triton_version}.dist-info/RECORD")
+      file(REMOVE_RECURSE "${_fk_tmp}")
+    else()
+      file(REMOVE_RECURSE "${FK_TRITON_DIR}")
+      file(RENAME "${_fk_tmp}" "${FK_TRITON_DIR}")
+    endif()
   endif()
 endif()
 
