@@ -9,6 +9,10 @@ PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 # Compiled kernels are cached by content hash here, so rebuilds compile only what changed.
 export FK_AOT_CACHE ?= $(HOME)/.cache/fk/aot
+# The Triton that compiles the kernels (requirements-triton.txt, not torch's pinned Triton): the
+# build installs it here with pip (from the package index, once per version) and runs the AOT
+# compiler with it; .venv keeps torch's Triton.
+export FK_TRITON_CACHE ?= $(HOME)/.cache/fk/triton
 # The wheel's platform: auditwheel checks libfk against this policy (glibc 2.28, the libstdc++
 # of GCC 8) and tags the wheel with it. torch's libraries are the user's torch: never bundled.
 PLAT := manylinux_2_28_x86_64
@@ -16,9 +20,11 @@ PLAT := manylinux_2_28_x86_64
 VENV_NEWEST ?= build/venv-torch-newest
 VENV_CPU ?= build/venv-torch-cpu
 PYTEST := -m pytest tests -q -p no:cacheprovider
-# The tests of the Triton sources (they import triton_src/ with the Triton fk builds with, which
-# no user of the wheel runs) stay in .venv, whose Triton is the build's; a CPU-only torch comes
-# without Triton, and the newest torch brings another one.
+# The tests of the Triton sources (they import triton_src/ and run it under Triton's interpreter,
+# which no user of the wheel runs) stay in .venv, under torch 2.11's Triton (3.6): the Triton that
+# compiles the kernels (requirements-triton.txt, 3.9) has an interpreter that rejects a load mask
+# combined with a comparison of a scalar argument ("mask has unsupported dtype"), though its
+# compiler takes it. A CPU-only torch comes without Triton, and the newest torch brings another.
 NO_TRITON_SRC := -k "not interpreter and not test_variants_cover_every_dtype" \
   --ignore=tests/test_interpreter.py
 

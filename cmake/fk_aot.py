@@ -11,8 +11,13 @@ calls ``variants(arch)``, compiles each variant with ``triton.compile`` for an e
                             arch, entry name, launch metadata, constexpr values, image
 
 Compiled cubins are cached by a hash of (op source, _common source, variant, arch, Triton
-version) in ``--cache`` so a rebuild compiles only what changed. Work runs in parallel
-processes. A failure stops the build with the kernel, variant and arch named.
+version, ptxas version) in ``--cache`` so a rebuild compiles only what changed. Work runs in
+parallel processes. A failure stops the build with the kernel, variant and arch named.
+
+The Triton is whichever ``import triton`` finds: the build puts the pinned one
+(requirements-triton.txt, CMake's FK_TRITON_VERSION / FK_TRITON_PATH) first on PYTHONPATH.
+``--describe`` prints the Triton version and, per arch, the ptxas that assembles its cubins
+(Triton bundles ptxas and picks it by arch) and compiles nothing.
 """
 from __future__ import annotations
 
@@ -21,7 +26,9 @@ import concurrent.futures as cf
 import hashlib
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,12 +52,34 @@ def _variant_record(v) -> dict:
             "maxnreg": v.maxnreg}
 
 
-def _cache_key(src_dir: Path, op: str, record: dict, arch: int, triton_version: str) -> str:
+def _ptxas_version(arch: int) -> str:
+    """The full version (e.g. 12.9.86) of the ptxas Triton assembles sm_<arch> cubins with."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    text = subprocess.check_output([get_ptxas(arch).path, "--version"], text=True)
+    m = re.search(r"\bV(\d+\.\d+\.\d+)", text) or re.search(r"release (\d+\.\d+)", text)
+    if not m:
+        raise RuntimeError(f"no version in the output of ptxas --version:\n{text}")
+    return m.group(1)
+
+
+def describe(archs: list) -> str:
+    """'triton X.Y.Z; ptxas A (sm80), B (sm90, sm100)': archs sharing a ptxas are grouped."""
+    import triton
+
+    by_version: dict = {}
+    for arch in archs:
+        by_version.setdefault(_ptxas_version(arch), []).append(f"sm{arch}")
+    ptxas = ", ".join(f"{v} ({', '.join(a)})" for v, a in by_version.items())
+    return f"triton {triton.__version__}; ptxas {ptxas}"
+
+
+def _cache_key(src_dir: Path, op: str, record: dict, arch: int, toolchain: str) -> str:
     h = hashlib.sha256()
     h.update((src_dir / f"{op}.py").read_bytes())
     h.update((src_dir / "_common.py").read_bytes())
     h.update(json.dumps(record, sort_keys=True).encode())
-    h.update(f"{arch}|{triton_version}".encode())
+    h.update(f"{arch}|{toolchain}".encode())
     return h.hexdigest()[:32]
 
 
@@ -67,7 +96,10 @@ def _compile_one(job: dict) -> dict:
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in rec["divisible_by_16"]}
     src = triton.compiler.ASTSource(fn=fn, signature=rec["signature"],
                                     constexprs=rec["constexprs"], attrs=attrs)
-    options = {"num_warps": rec["num_warps"], "num_stages": rec["num_stages"]}
+    # FMA contraction on, as every Triton before 3.10 did by default (3.9 warns when it is left
+    # to the default, 3.10 turns it off): the kernels' numerics do not change with the Triton.
+    options = {"num_warps": rec["num_warps"], "num_stages": rec["num_stages"],
+               "enable_fp_fusion": True}
     if rec["maxnreg"]:
         options["maxnreg"] = rec["maxnreg"]
     if rec["cluster"] != 1 and (arch < 90 or not 1 <= rec["cluster"] <= 8):
@@ -106,16 +138,26 @@ def _write_if_changed(path: Path, text: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--src", required=True, type=Path, help="triton_src directory")
-    ap.add_argument("--out", required=True, type=Path, help="output directory")
-    ap.add_argument("--ops", required=True, help="semicolon-separated op modules")
     ap.add_argument("--archs", required=True, help="semicolon-separated archs, e.g. 80;90")
     ap.add_argument("--cache", type=Path, default=None, help="cubin cache directory")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--describe", action="store_true",
+                    help="print the Triton and ptxas versions for --archs and exit")
+    ap.add_argument("--src", type=Path, help="triton_src directory")
+    ap.add_argument("--out", type=Path, help="output directory")
+    ap.add_argument("--ops", help="semicolon-separated op modules")
     args = ap.parse_args()
+    archs = [int(a) for a in args.archs.replace(",", ";").split(";") if a]
+    if args.describe:
+        print(describe(archs))
+        return 0
+    missing = [f"--{n}" for n in ("src", "out", "ops") if getattr(args, n) is None]
+    if missing:
+        ap.error(f"{', '.join(missing)} required")
 
     import triton
 
+    ptxas = {arch: _ptxas_version(arch) for arch in archs}
     src_dir = args.src.resolve()
     out = args.out.resolve()
     kdir = out / "kernels"
@@ -123,7 +165,6 @@ def main() -> int:
     cache = (args.cache or (out / "cache")).resolve()
     cache.mkdir(parents=True, exist_ok=True)
     ops = [o for o in args.ops.replace(",", ";").split(";") if o]
-    archs = [int(a) for a in args.archs.replace(",", ";").split(";") if a]
 
     jobs, seen = [], set()
     for op in ops:
@@ -135,7 +176,8 @@ def main() -> int:
                 if ident in seen:
                     raise SystemExit(f"fk AOT: duplicate variant {v.key()} for sm_{arch} in {op}")
                 seen.add(ident)
-                key = _cache_key(src_dir, op, rec, arch, triton.__version__)
+                key = _cache_key(src_dir, op, rec, arch,
+                                 f"{triton.__version__}|{ptxas[arch]}")
                 jobs.append({"src_dir": str(src_dir), "op": op, "record": rec, "arch": arch,
                              "variant": v.key(), "key": key,
                              "cubin": str(cache / f"{key}.cubin"),

@@ -257,7 +257,8 @@ inline at::Tensor fused_linear_jsd(const at::Tensor& student_input,
 }
 
 // A line describing the loaded libfk: fk version, the torch it was built against and the
-// oldest it runs on, the GPU archs (torch.ops.fk._build_info, as fk.build_info() in Python).
+// oldest it runs on, the GPU archs, the Triton and ptxas that compiled the kernels
+// (torch.ops.fk._build_info, as fk.build_info() in Python).
 inline std::string build_info() {
   static const auto op = detail::op<std::string()>("fk::_build_info");
   return op.call();
@@ -266,7 +267,8 @@ inline std::string build_info() {
 // The version of the torch this libfk was built against, e.g. "2.11.0+cu130".
 inline const char* built_torch_version() {
   static const std::string version = [] {
-    // build_info(): "fk <version>; torch <version> (stable ABI <version>); archs <archs>".
+    // build_info(): "fk <version>; torch <version> (stable ABI <version>); archs <archs>;
+    // triton <version>; ptxas <version> (sm<arch>, ...)".
     const std::string info = build_info();
     const std::string key = "; torch ";
     const auto at = info.find(key);

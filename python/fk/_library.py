@@ -54,5 +54,5 @@ def load_library() -> Path:
 
 def build_info() -> str:
     """One line describing the loaded libfk: fk version, the torch it was built against and
-    the oldest it runs on, the GPU archs."""
+    the oldest it runs on, the GPU archs, the Triton and ptxas that compiled the kernels."""
     return torch.ops.fk._build_info()

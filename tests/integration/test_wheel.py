@@ -222,6 +222,43 @@ def test_installed_cubins_per_arch():
     _check_cubins(lib.read_bytes(), archs)
 
 
+def _pinned_triton() -> str:
+    pins = re.findall(r"^triton==(\S+)", (REPO / "requirements-triton.txt").read_text(), re.M)
+    assert len(pins) == 1, pins
+    return pins[0]
+
+
+def _check_toolchain(text: str, archs: list) -> None:
+    """``triton X.Y.Z; ptxas A.B.C (sm80), D.E.F (sm90, ...)``: the pinned Triton, and one ptxas
+    version for each arch of the build."""
+    m = re.search(r"\btriton (\S+); ptxas (.+)$", text)
+    assert m, f"no 'triton <version>; ptxas <versions>' in {text!r}"
+    assert m.group(1) == _pinned_triton(), \
+        f"kernels compiled with triton {m.group(1)}, requirements-triton.txt pins {_pinned_triton()}"
+    groups = re.findall(r"(\d+\.\d+\.\d+) \(([^)]*)\)", m.group(2))
+    assert groups and ", ".join(f"{v} ({a})" for v, a in groups) == m.group(2), m.group(2)
+    ptxas_archs = sorted(int(a.strip()[2:]) for _, sms in groups for a in sms.split(","))
+    assert ptxas_archs == archs, f"ptxas named for {ptxas_archs}, the build's archs {archs}"
+
+
+def test_build_info_names_triton_and_ptxas():
+    import torch
+
+    import fk  # noqa: F401  (loads libfk)
+
+    info = torch.ops.fk._build_info()
+    _check_toolchain(info, _archs_of(info))
+
+
+@pytest.mark.slow
+def test_wheel_build_info_names_triton_and_ptxas(wheel):
+    text = wheel.read("fk/_build_info.py").decode()
+    triton = re.search(r'^triton_version = "([^"]*)"', text, re.M)
+    ptxas = re.search(r'^ptxas = "([^"]*)"', text, re.M)
+    assert triton and ptxas, text
+    _check_toolchain(f"triton {triton.group(1)}; ptxas {ptxas.group(1)}", _archs_of(text))
+
+
 _TRITON_KERNEL = textwrap.dedent("""
     import triton
     import triton.language as tl

@@ -62,11 +62,18 @@ class _ClusterSums:
         def key(t):
             return int(t.handle.data.item()) if hasattr(t, "handle") else int(t)
 
+        import triton.language as tl
+
+        def value(t):
+            return float(t.handle.data.item()) if hasattr(t, "handle") else float(t)
+
         chunks, general = getattr(chunks, "value", chunks), getattr(general, "value", general)
-        values = (m, d, sx, sw) if general else (m, d)
+        values = tuple(map(value, (m, d, sx, sw) if general else (m, d)))
         self.kept[key(row), key(rank)] = values
         missing = (float("nan"),) * len(values)
-        return tuple(self.kept.get((key(row), j), missing)[k]
+        # Kept as floats and returned as tensors made in this launch (newer Triton interpreters
+        # take neither a tensor of an earlier launch nor a float mixed with tensors here).
+        return tuple(tl.full([], self.kept.get((key(row), j), missing)[k], tl.float32)
                      for k in range(len(values)) for j in range(chunks))
 
 
