@@ -42,8 +42,6 @@ FLAG_COLS = 4  # 1 x 128 blocks, the column-wise copy alone
 FLAG_WEIGHT = 8  # 128 x 128 blocks
 # (flags, TILE_M, TILE_K, warps) per form; no flag: 1 x 128 blocks, both copies. From
 # benchmarks/tune_fp8_quantize.py on an H100 at 8192 x 4096 bf16 (benchmarks/NOTES.md v14).
-# Weights: 8 warps (16 were 25 % faster but wrote NaN into the column-wise copy of float32
-# weights: a Triton 3.6 layout conversion of the 128 x 128 float32 tile at 16 warps).
 FORMS = ((0, 128, 128, 8), (FLAG_ROWS, 32, 128, 4), (FLAG_COLS, 128, 32, 4),
          (FLAG_WEIGHT, 128, 128, 8))
 
@@ -68,7 +66,9 @@ def fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_
         s = _scale(tl.max(tl.max(a, axis=1), axis=0), pow2)
         q = _quantize(x, s)
         tl.store(q_ptr + q_offs, q.to(q_ptr.dtype.element_ty), mask=mask & (want_row != 0))
-        tl.store(qt_ptr + qt_offs, tl.trans(q).to(qt_ptr.dtype.element_ty),
+        # float8 values transposed (the float32 ones, transposed, came out NaN in 3 of 8
+        # elements for float32 weights under Triton 3.6)
+        tl.store(qt_ptr + qt_offs, tl.trans(q.to(qt_ptr.dtype.element_ty)),
                  mask=mask_t & (want_col != 0))
         nkb = tl.cdiv(K, TILE_K)
         nmb = tl.cdiv(M, TILE_M)
