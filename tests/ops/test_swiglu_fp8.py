@@ -26,7 +26,8 @@ SHAPES = [(128, 256), (130, 200), (5, 300), (257, 129), (1, 1), (3, 128)]
 COUNTS = [[0, 130, 5, 0, 165, 0], [128, 1, 127, 44], [300], [0, 0, 300]]
 EPS = {torch.float32: 2.0 ** -23, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 # How far a GPU's dx may lie from float64's: 4 roundings of the dtype, and 2^-16 for the
-# float32 exp and division approximations in the silu's derivative (its terms cancel).
+# float32 exp and division approximations in the silu's derivative; near the derivative's
+# zeros dx has no relative accuracy: a whole float8 subnormal spacing is allowed there.
 GPU_REL = {dt: 4 * e + 2.0 ** -16 for dt, e in EPS.items()}
 
 
@@ -696,9 +697,9 @@ def test_cuda_backward_quantized(dtype, layout, shape):
             poison_cuda_cache()
             q, s, qt, st = as_four(fk.swiglu_fp8_backward(dh, xx, layout, pow2), layout)
             if q is not None:
-                assert_quantized_near(q, s, gx, GPU_REL[dtype], pow2)
+                assert_quantized_near(q, s, gx, GPU_REL[dtype], pow2, 1.0)
             if qt is not None:
-                assert_quantized_near(qt, st, gx.t(), GPU_REL[dtype], pow2)
+                assert_quantized_near(qt, st, gx.t(), GPU_REL[dtype], pow2, 1.0)
 
 
 @pytest.mark.cuda
@@ -716,7 +717,7 @@ def test_cuda_moe_backward_quantized(dtype, shape):
         for xx, pp in ((x, probs), (misaligned(x), misaligned(probs))):
             poison_cuda_cache()
             q, s, dp = fk.moe_swiglu_fp8_backward(dh, xx, pp, "rowwise", pow2)
-            assert_quantized_near(q, s, gx, GPU_REL[dtype], pow2)
+            assert_quantized_near(q, s, gx, GPU_REL[dtype], pow2, 1.0)
             assert_close(dp, gp, torch.float32, factor=10, what="dprobs")
 
 

@@ -27,6 +27,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cuda(Tensor x, int64_t b
   const int64_t m = x.size(0), k = x.size(1);
   const int64_t nm = ceil_div(m, kFp8Block), nk = ceil_div(k, kFp8Block);
   const bool weight = block_rows != 1;
+  if (weight && want.columnwise && x.scalar_type() == kFloat) {
+    // float32 weights: the kernel's transposed store of this form wrote wrong values (NaN
+    // among them) into the column-wise copy on sm_90 (Triton 3.6; benchmarks/NOTES.md v14),
+    // so the row-wise copy is written and the column-wise one is its transpose (a copy).
+    auto [q1, s1, unused_q, unused_s] = fp8_quantize_cuda(x, block_rows, "rowwise",
+                                                          pow2_scales);
+    Tensor qt1 = aten::clone(aten::t(q1)), st1 = aten::clone(aten::t(s1));
+    if (!want.rowwise) return {Tensor(), Tensor(), qt1, st1};
+    return {q1, s1, qt1, st1};
+  }
   Tensor q, s, qt, st;
   if (want.rowwise) {
     q = aten::empty({m, k}, kFloat8e4m3, x.device());
