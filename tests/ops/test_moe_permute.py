@@ -1,6 +1,10 @@
 """fk.moe_permute / fk.moe_unpermute at every test level: Triton source (interpreter), CPU
 backend, autograd, gradcheck, opcheck, torch.compile, bad input, and the CUDA kernels
 (marker ``cuda``), against a reference written here with argsort and index_select."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -661,3 +665,17 @@ def test_cuda_large_offsets():
     assert torch.equal(permuted[last], x[t_last])
     y = fk.moe_unpermute(permuted, row_map)
     assert torch.equal(y[:, 0], torch.full((t,), float(k), dtype=torch.bfloat16, device="cuda"))
+
+
+# --- level 4: the MoE block example ------------------------------------------------------------
+
+def test_moe_block_example_matches_the_reference():
+    """examples/moe_block.py on the CPU (tiny block): router, permute, grouped GEMMs, SwiGLU,
+    unpermute trained against the plain torch block; the script checks the losses agree and
+    fall, and exits non-zero otherwise."""
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "moe_block.py")
+    r = subprocess.run([sys.executable, script, "--device", "cpu", "--tiny", "--steps", "8"],
+                       capture_output=True, text=True, env=dict(os.environ), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line[:4].strip().isdigit()]
+    assert len(rows) == 8 and float(rows[-1][2]) < float(rows[0][2]), r.stdout
