@@ -44,8 +44,7 @@ AUTOGRAD_OPS = ["swiglu", "geglu", "rms_norm", "fused_add_rms_norm", "layer_norm
                 "rope", "swiglu_linear", "cross_entropy", "fused_linear_cross_entropy", "jsd",
                 "kl_div", "tvd", "fused_linear_jsd", "dyt", "poly_norm", "sparsemax",
                 "llama4_rope", "qwen2vl_mrope", "group_norm", "neighborhood_attention",
-                "moe_permute", "moe_unpermute"]
-                "qkv_split_norm_rope", "gated_group_rms_norm"]
+                "moe_permute", "moe_unpermute", "qkv_split_norm_rope", "gated_group_rms_norm"]
 
 
 def _tool(name: str) -> str:
