@@ -335,8 +335,12 @@ def test_scaled_mm_layouts_pass_torch_checks(monkeypatch, m, k, n):
                             torch.bfloat16).shape == (m, k)
         assert L._scaled_mm(gq.data_t, gq.scales_t, xq.data_t, xq.scales_t, (1, 128),
                             torch.float32).shape == (n, k)
-        with pytest.raises(RuntimeError, match="blockwise scaling"):  # the wrong recipe
-            L._scaled_mm(xq.data, xq.scales, wq.data, wq.scales, (1, 128), torch.bfloat16)
+        if torch.__version__.startswith("2.11."):
+            # torch 2.11's meta check rejects a recipe that does not fit the scales' shapes
+            # (so the calls above passing it means something); torch 2.14's meta kernel no
+            # longer checks the recipe on fake tensors
+            with pytest.raises(RuntimeError, match="blockwise scaling"):  # the wrong recipe
+                L._scaled_mm(xq.data, xq.scales, wq.data, wq.scales, (1, 128), torch.bfloat16)
         y = fk.fp8_linear(torch.empty(m - 3, k, device="cuda", dtype=torch.bfloat16), w,
                           cache_weight=False)
         assert y.shape == (m - 3, n) and y.dtype == torch.bfloat16
