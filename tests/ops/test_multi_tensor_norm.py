@@ -96,7 +96,7 @@ def test_interpreter_nan_and_inf_propagate():
         assert _interp(mod, ts, mode, 3, 256).item() == INF
 
 
-def test_variants_cover_every_mode():
+def test_variants_cover_every_dtype_and_mode():
     mod = load_triton_src("multi_tensor_norm")
     for arch in (80, 90, 100, 103, 120):
         vs = mod.variants(arch)
