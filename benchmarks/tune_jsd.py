@@ -8,6 +8,8 @@ grad_output of 1) and for the loss alone (x, y read).
     python benchmarks/tune_jsd.py [--rows 8192] [--vocab 128256] [--dtype bf16] [--quick]
     TRITON_INTERPRET=1 python benchmarks/tune_jsd.py --device cpu   # candidates' logic check
 
+"library" is the kernel's libdevice form (FAST = 0), which fp32 runs; the library's 16-bit
+variants run the exp2-asm form (FAST = 1, triton_src/jsd.py's _terms_base2) since this sweep.
 Candidates (each checked against the library kernel's loss partials and gradient first,
 for beta in (0, 1) and the two KL limits, with ignored rows):
   exp2      log2 / exp2 forms: the inputs scaled by log2(e) once, ln 2 folded into the
@@ -179,7 +181,7 @@ def launcher(form, x, y, grad, labels, count, partial, beta, mode, has_labels, w
     args = (x, y, grad, labels, count, partial, v, v, v, v, chunk, n_chunks, -100, beta,
             1.0 / rows, mode, has_labels, write_grad)
     if FORMS[form] is None:
-        return lambda: K.jsd_fwd_kernel[grid](*args, BLOCK=block, num_warps=warps)
+        return lambda: K.jsd_fwd_kernel[grid](*args, BLOCK=block, FAST=0, num_warps=warps)
     asm, poly = FORMS[form]
     return lambda: jsd_fwd_exp2_kernel[grid](*args, BLOCK=block, ASM=asm, POLY=poly,
                                              num_warps=warps)
@@ -237,10 +239,10 @@ def sass_counts(forms, dtype_name, block, warps):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     dt = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}[dtype_name]
-    sig = K._signature(K._FWD_ARGS, dt, {"BLOCK": block})
+    sig = K._signature(K._FWD_ARGS, dt, {"BLOCK": block, "FAST": 0})
     for form in ["library"] + list(forms):
         if FORMS[form] is None:
-            fn, const = K.jsd_fwd_kernel, {"BLOCK": block}
+            fn, const = K.jsd_fwd_kernel, {"BLOCK": block, "FAST": 0}
         else:
             asm, poly = FORMS[form]
             fn, const = jsd_fwd_exp2_kernel, {"BLOCK": block, "ASM": asm, "POLY": poly}
@@ -266,7 +268,7 @@ def main():
     T.add_device_args(ap)
     args = ap.parse_args()
     dtype, esz = DTYPES[args.dtype], DTYPES[args.dtype].itemsize
-    lib_block, lib_chunk, lib_warps = K._FWD[esz]
+    lib_block, lib_chunk, lib_warps, _ = K._FWD[esz]
     if args.sass:
         sass_counts([f for f in FORMS if f != "library" and "noasm" not in f], args.dtype,
                     lib_block, lib_warps)

@@ -27,7 +27,9 @@ Kernels:
                      chunk in BLOCK steps reads x and y once, writes g / n (when write_grad)
                      and stores the chunk's fp32 loss sum in partial[pid]. Rows split into
                      chunks keep the GPU full when there are few rows; the scale 1 / n comes
-                     from the counter (labels) or the argument inv_n (no labels).
+                     from the counter (labels) or the argument inv_n (no labels). FAST
+                     (the 16-bit variants): the same formulas in base 2 with the GPU's
+                     approximate ex2 / lg2 (_terms_base2); the interpreter runs FAST = 0.
   jsd_reduce_kernel  one program: the sum of the partial sums in a fixed order, times 1 / n,
                      stored in the loss dtype.
 Offsets are int64, so tensors past 2^31 elements work.
@@ -36,6 +38,9 @@ import triton
 import triton.language as tl
 
 from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -55,9 +60,78 @@ def jsd_count_kernel(labels_ptr, count_ptr, N, ignore_index, BLOCK: tl.constexpr
 
 
 @triton.jit
+def _ex2(u):
+    """2^u by ex2.approx.ftz.f32 (2 ulp; results below 2^-126 flush to 0): one MUFU op."""
+    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [u],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _lg2(u):
+    """log2(u) by lg2.approx.ftz.f32 (2 ulp for a normal u): one MUFU op."""
+    return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [u],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _terms(x, y, beta, mode):
+    """(l, g) of one block, in natural logarithms (libdevice exp / log)."""
+    if mode == 1:
+        p = tl.exp(y)
+        l = p * (y - x)
+        g = -p
+    elif mode == 2:
+        q = tl.exp(x)
+        l = q * (x - y)
+        g = l + q
+    else:
+        y_big = y >= x
+        s = tl.maximum(x, y)
+        e = tl.exp(tl.minimum(x, y) - s)
+        es = tl.exp(s)
+        w_s = tl.where(y_big, beta, 1.0 - beta)
+        log_m = s + tl.log(w_s + (1.0 - w_s) * e)
+        q = tl.where(y_big, es * e, es)
+        p = tl.where(y_big, es, es * e)
+        g = (1.0 - beta) * q * (x - log_m)
+        l = beta * p * (y - log_m) + g
+    return l, g
+
+
+@triton.jit
+def _terms_base2(x, y, beta, mode):
+    """(l, g) as _terms, in base 2 with the MUFU's approximate ex2 / lg2 (GPU only: inline
+    PTX): u = x log2(e), v = y log2(e), and ln 2 folded into the constants. Three MUFU
+    operations an element where libdevice's logf costs a long FMA-pipe sequence; the
+    scaling by log2(e) rounds once per input, and p or q below 2^-126 flush to 0."""
+    u = x * LOG2E
+    v = y * LOG2E
+    if mode == 1:
+        p = _ex2(v)
+        l = (p * (v - u)) * LN2
+        g = -p
+    elif mode == 2:
+        q = _ex2(u)
+        l = (q * (u - v)) * LN2
+        g = l + q
+    else:
+        y_big = v >= u
+        s = tl.maximum(u, v)
+        e = _ex2(tl.minimum(u, v) - s)
+        es = _ex2(s)
+        w_s = tl.where(y_big, beta, 1.0 - beta)
+        lm = s + _lg2(w_s + (1.0 - w_s) * e)
+        q = tl.where(y_big, es * e, es)
+        p = tl.where(y_big, es, es * e)
+        g = ((1.0 - beta) * LN2) * (q * (u - lm))
+        l = (beta * LN2) * (p * (v - lm)) + g
+    return l, g
+
+
+@triton.jit
 def jsd_fwd_kernel(x_ptr, y_ptr, grad_ptr, labels_ptr, count_ptr, partial_ptr, x_stride,
                    y_stride, grad_stride, V, chunk, n_chunks, ignore_index, beta, inv_n, mode,
-                   has_labels, write_grad, BLOCK: tl.constexpr):
+                   has_labels, write_grad, BLOCK: tl.constexpr, FAST: tl.constexpr = 0):
     dtype = grad_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     row = pid // n_chunks
@@ -79,26 +153,10 @@ def jsd_fwd_kernel(x_ptr, y_ptr, grad_ptr, labels_ptr, count_ptr, partial_ptr, x
                         eviction_policy="evict_first").to(tl.float32)
             y = tl.load(y_row + cols, mask=mask, other=0.0,
                         eviction_policy="evict_first").to(tl.float32)
-            if mode == 1:
-                p = tl.exp(y)
-                l = p * (y - x)
-                g = -p
-            elif mode == 2:
-                q = tl.exp(x)
-                l = q * (x - y)
-                g = l + q
+            if FAST:
+                l, g = _terms_base2(x, y, beta, mode)
             else:
-                y_big = y >= x
-                s = tl.maximum(x, y)
-                e = tl.exp(tl.minimum(x, y) - s)
-                es = tl.exp(s)
-                w_s = tl.where(y_big, beta, 1.0 - beta)
-                log_m = s + tl.log(w_s + (1.0 - w_s) * e)
-                q = tl.where(y_big, es * e, es)
-                p = tl.where(y_big, es, es * e)
-                gq = (1.0 - beta) * q * (x - log_m)
-                l = beta * p * (y - log_m) + gq
-                g = gq
+                l, g = _terms(x, y, beta, mode)
             acc += tl.where(mask, l, 0.0)
             if write_grad != 0:
                 tl.store(g_row + cols, (g * scale).to(dtype), mask=mask,
@@ -124,11 +182,13 @@ def jsd_reduce_kernel(partial_ptr, count_ptr, loss_ptr, P, inv_n, has_labels,
     tl.store(loss_ptr, total.to(loss_ptr.dtype.element_ty))
 
 
-# Launch configurations (all archs; not yet tuned on a GPU): per element size
-# (BLOCK, CHUNK, warps). A step is 16 KB of x and y per program (two 16-byte loads of each a
-# thread); a program covers a chunk of CHUNK columns (64 KB of x), so a 128256-column row is
-# 8 programs (fp32) or 4 (16-bit) and even a few hundred rows fill the GPU.
-_FWD = {4: (2048, 16384, 8), 2: (4096, 32768, 8)}
+# Launch configurations (all archs) per element size: (BLOCK, CHUNK, warps, FAST). A program
+# covers a chunk of CHUNK columns, so a 128256-column row is 8 programs (fp32) or 4 (16-bit)
+# and even a few hundred rows fill the GPU. 16-bit inputs take the base-2 MUFU form: on an
+# H100 at 8192 x 128256 bf16 (loss and gradient, benchmarks/tune_jsd.py) it ran at 93 % of
+# copy bandwidth against 70 % for the libdevice form at (4096, 32768, 8); fp32 keeps the
+# libdevice form (97 % already, and its full precision).
+_FWD = {4: (2048, 16384, 8, 0), 2: (2048, 32768, 8, 1)}
 _COUNT = (1024, 4)
 _REDUCE = (4096, 8)
 _ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -157,9 +217,9 @@ def variants(arch: int) -> list:
     block field of jsd_fwd is CHUNK (the C++ side reads BLOCK and CHUNK back)."""
     out = []
     for dt in DTYPES:
-        block, chunk, warps = _FWD[_ELEM[dt]]
+        block, chunk, warps, fast = _FWD[_ELEM[dt]]
         for flags in (0, FLAG_ALIGNED):
-            constexprs = {"BLOCK": block}
+            constexprs = {"BLOCK": block, "FAST": fast}
             sig = _signature(_FWD_ARGS, dt, constexprs)
             out.append(Variant(family="jsd_fwd", kernel="jsd_fwd_kernel", dtype=dt,
                                block=chunk, signature=sig, constexprs=constexprs,
