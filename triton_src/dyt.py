@@ -117,8 +117,12 @@ def dyt_reduce_kernel(partial_ptr, dalpha_ptr, dgamma_ptr, dbeta_ptr, P, N, n_co
 
 
 # (BLOCK_N, ROWS, warps). The runtime picks the smallest block >= min(N, largest block).
-_FWD_BUCKETS = ((256, 16, 4), (1024, 4, 4))
-_BWD_BUCKETS = ((256, 16, 8), (1024, 4, 8))
+# The 4096 buckets from benchmarks/tune_dyt.py on an H100 (8192 x 4096 bf16): forward 49.7 us
+# (90 % of copy bandwidth) against 52.8 us at (1024, 4, 4); backward at 2 programs per
+# multiprocessor (csrc/ops/dyt/dyt_cuda.cpp) 80.0 us (84 %) against 107.1 us at (1024, 4, 8)
+# and 4 per multiprocessor. The 2048 buckets were the best of that sweep at their block.
+_FWD_BUCKETS = ((256, 16, 4), (1024, 4, 4), (2048, 4, 8), (4096, 2, 16))
+_BWD_BUCKETS = ((256, 16, 8), (1024, 4, 8), (2048, 2, 8), (4096, 1, 8))
 REDUCE_BLOCK = (32, 64)  # (rows, columns) per step of the reduction
 
 _FWD_ARGS = ("x_ptr", "alpha_ptr", "gamma_ptr", "beta_ptr", "y_ptr", "M", "N", "has_beta")

@@ -307,7 +307,8 @@ def test_torchscript_save_load(tmp_path):
 
 # --- level 5: CUDA kernels -----------------------------------------------------------------
 
-# Both column buckets (256, 1024), widths that are not multiples of either, a 128K width.
+# Every column bucket (256, 1024, 2048, 4096), widths that are not multiples of them, a 128K
+# width.
 CUDA_N = [1, 7, 64, 200, 256, 257, 1000, 1024, 1025, 2047, 4096, 5120, 8192, 12345, 128256]
 
 

@@ -18,7 +18,7 @@ using runtime::as_rows;
 using runtime::flags_for;
 
 constexpr uint32_t kFlagParamsX = 2;  // triton_src/dyt.py FLAG_PARAMS_X
-constexpr int64_t kLargestBlock = 1024;  // the largest dyt_fwd / dyt_bwd block
+constexpr int64_t kLargestBlock = 4096;  // the largest dyt_fwd / dyt_bwd block
 
 uint32_t param_flag(const Tensor& x, const Tensor& alpha) {
   return alpha.scalar_type() == kFloat ? 0 : (x.scalar_type() == kFloat ? 0 : kFlagParamsX);
@@ -75,11 +75,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dyt_backward_cuda(Tensor grad_y, Tens
   const auto& k = bwd.pick(op, rows.x2d, std::min(rows.n, kLargestBlock), flags);
   const int64_t tile_rows = k.constexpr_value("ROWS");
   const int64_t col_blocks = checks::ceil_div(rows.n, k.block);
-  // About four programs per multiprocessor in all, each over a contiguous range of rows (a
-  // multiple of the tile's rows) of one column block.
+  // A few programs per multiprocessor in all, each over a contiguous range of rows (a
+  // multiple of the tile's rows) of one column block: two for the blocks of 2048 columns and
+  // more (fewer partial rows to reduce; benchmarks/tune_dyt.py), else four.
   const int64_t sms = runtime::device_sm_count(x.device().index());
+  const int64_t per_sm = k.block >= 2048 ? 2 : 4;
   const int64_t tiles = checks::ceil_div(rows.m, tile_rows);
-  const int64_t want = std::max<int64_t>(1, checks::ceil_div(4 * sms, col_blocks));
+  const int64_t want = std::max<int64_t>(1, checks::ceil_div(per_sm * sms, col_blocks));
   const int64_t rows_per_program = checks::ceil_div(tiles, std::min(tiles, want)) * tile_rows;
   const int64_t programs = checks::ceil_div(rows.m, rows_per_program);
   auto partial = aten::empty({programs, 2 * rows.n + col_blocks}, kFloat, x.device());
