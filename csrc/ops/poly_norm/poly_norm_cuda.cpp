@@ -79,12 +79,14 @@ std::tuple<Tensor, Tensor, Tensor> poly_norm_backward_cuda(Tensor grad_y, Tensor
   auto dy = aten::view(aten::contiguous(grad_y), {rows.m, rows.n});
   auto rstd_c = aten::contiguous(rstd);
   auto w = aten::contiguous(weight);
-  // Two programs per multiprocessor, each over a contiguous range of rows (as rms_norm).
-  const auto grid = persistent_grid(rows.m, x.device(), 2);
-  auto partial = aten::empty({grid.programs, 4}, kFloat, x.device());
-  const uint32_t flags =
-      flags_for(rows.n, {&rows.x2d, &dy, &dx, &rstd_c, &partial}) | param_flag(weight);
+  // (The partial sums are a new allocation, always aligned: they do not enter the flags.)
+  const uint32_t flags = flags_for(rows.n, {&rows.x2d, &dy, &dx, &rstd_c}) | param_flag(weight);
   const auto& k = bwd.pick(op, rows.x2d, rows.n, flags);
+  // A persistent grid, each program over a contiguous range of rows (as rms_norm): two
+  // programs per multiprocessor, sixteen for the 4096 bucket (4 warps; measured with
+  // benchmarks/tune_poly_norm.py).
+  const auto grid = persistent_grid(rows.m, x.device(), k.block == 4096 ? 16 : 2);
+  auto partial = aten::empty({grid.programs, 4}, kFloat, x.device());
   KernelArgs args;
   args.ptr(dy).ptr(rows.x2d).ptr(w).ptr(rstd_c).ptr(dx).ptr(partial).i64(rows.m).i32(rows.n)
       .i64(grid.rows_per_program);
