@@ -77,21 +77,28 @@ class _ClusterSums:
                      for k in range(len(values)) for j in range(chunks))
 
 
+def _run_den_kernel(mod, t, wt, v, kw):
+    """(D_w, D_n): ones unless the reduction is "mean", else from the den kernel."""
+    if kw["reduction"] != "mean":
+        return torch.ones(2)
+    den = torch.zeros(2)  # the programs add into it
+    mod.cross_entropy_den_kernel[(2,)](t, wt, den, t.shape[0], v, -100,
+                                       int(kw["weight"] is not None), BLOCK=4, PER_SM=1)
+    return den
+
+
 def _run_fwd_kernel(mod, x, t, w, kw, block, general, grid, in_place, write_grad=True,
-                    chunks=1, pred=None, token_scaling=False):
+                    chunks=1, pred=None, token_scaling=False, lse=None):
     """grid: programs (chunks == 1) or rows at once (chunks > 1: chunks programs a row).
     With chunks > 1 the cluster exchange is emulated (_ClusterSums) and the kernel runs
     twice, the first time without the gradient: the first launch leaves every chunk's sums
     behind, and the second, which keeps them again identically, finds them all. With `pred`
     (an (n,) int64 buffer) the EXTRA variant runs: it writes the predictions there and
-    scales the rows with token_scaling."""
+    scales the rows with token_scaling. With `lse` (an (n,) float32 buffer) each row's
+    logsumexp is written there (write_lse)."""
     n, v = x.shape
     wt = (w if kw["weight"] is not None else torch.zeros(1)).float()
-    den = torch.ones(2)  # (D_w, D_n): ones unless the reduction is "mean"
-    if kw["reduction"] == "mean":
-        den = torch.zeros(2)  # the programs add into it
-        mod.cross_entropy_den_kernel[(2,)](t, wt, den, n, v, -100, int(kw["weight"] is not None),
-                                           BLOCK=4, PER_SM=1)
+    den = _run_den_kernel(mod, t, wt, v, kw)
     loss, z = torch.full((n,), float("nan")), torch.full((n,), float("nan"))
     grad = x if in_place else torch.full_like(x, float("nan"))
     cap = kw["softcap"]
@@ -100,7 +107,7 @@ def _run_fwd_kernel(mod, x, t, w, kw, block, general, grid, in_place, write_grad
             x, grad, t, wt, den, loss, z, v, v, n, v, -100, kw["label_smoothing"],
             kw["lse_square_scale"], cap or 1.0, int(kw["weight"] is not None),
             int(cap is not None), wg, t if pred is None else pred, int(token_scaling),
-            BLOCK=block, GENERAL=general, PER_SM=1, CHUNKS=chunks, EXTRA=int(pred is not None))
+            loss if lse is None else lse, int(lse is not None), BLOCK=block, GENERAL=general, PER_SM=1, CHUNKS=chunks, EXTRA=int(pred is not None))
     if kw["reduction"] != "none":
         loss, z = loss.sum(), z.sum()
     return loss, z, grad
@@ -278,6 +285,79 @@ def test_interpreter_scale(dtype):
         inp = src.clone()
         scale(inp, g, inp, True)
         assert torch.equal(inp, ref)
+
+
+def _run_bwd_kernel(mod, x, t, w, kw, lse, den, g_out, block, general, programs, in_place):
+    """The deferred backward: the gradient of the loss times g_out (a scalar, or (n,)) from
+    the logits x, each row's lse and den, into x itself or a new (NaN-filled) tensor."""
+    n, v = x.shape
+    has_w = kw["weight"] is not None
+    wt = (w if has_w else torch.zeros(1)).float()
+    grad = x if in_place else torch.full_like(x, float("nan"))
+    cap = kw["softcap"]
+    mod.cross_entropy_bwd_kernel[(programs,)](
+        x, grad, t, wt, den, lse, g_out.float(), wt.sum().reshape(1),
+        0 if g_out.dim() == 0 else 1, v, v, n, v, -100, kw["label_smoothing"],
+        kw["lse_square_scale"], cap or 1.0, int(has_w), int(cap is not None), BLOCK=block,
+        GENERAL=general, PER_SM=1)
+    return grad
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("option,reduction", [("plain", "mean"), ("zloss", "none"),
+                                              ("weight", "mean"), ("smooth", "sum"),
+                                              ("softcap", "none"), ("weight_smooth_z", "mean"),
+                                              ("all", "mean"), ("all", "none")])
+def test_interpreter_deferred_backward(dtype, option, reduction):
+    """The forward without the gradient writes each row's logsumexp (write_lse; 0 for
+    ignored rows); the backward kernel then computes the gradient times grad_output in one
+    pass over tiles of the rows (tiles on and off row ends, fewer programs than tiles), in
+    place and out of place: the reference's gradient, a zero row where ignored."""
+    mod = load_triton_src("cross_entropy")
+    n, v = 7, 100
+    general = int(option not in ("plain", "zloss"))
+    x, t, w = _inputs(n, v, dtype, ignore=(1, 4))
+    t[2], t[3] = 0, v - 1
+    kw = _kwargs(option, w, reduction)
+    ref_loss, ref_z = ref_cross_entropy(x, t, **kw)
+    lse = torch.full((n,), float("nan"))
+    x_in = x.clone()
+    loss, z, _ = _run_fwd_kernel(mod, x_in, t, w, kw, 32, general, 3, True, write_grad=False,
+                                 lse=lse)
+    assert torch.equal(x_in, x)  # no gradient written
+    assert_close(loss, ref_loss, torch.float32, factor=2, what="loss")
+    assert_close(z, ref_z, torch.float32, factor=2, what="z")
+    xc = x.double() if kw["softcap"] is None else kw["softcap"] * torch.tanh(
+        x.double() / kw["softcap"])
+    keep = t != -100
+    assert_close(lse[keep], torch.logsumexp(xc, -1)[keep].float(), torch.float32, what="lse")
+    assert torch.equal(lse[~keep], torch.zeros(2))
+    wt = (w if kw["weight"] is not None else torch.zeros(1)).float()
+    den = _run_den_kernel(mod, t, wt, v, kw)
+    gen = torch.Generator().manual_seed(4)
+    outs = [torch.tensor(1.0), torch.tensor(1 / 7)] if reduction != "none" else [
+        torch.rand(n, generator=gen) - 0.25, torch.ones(n)]
+    for g_out in outs:
+        ref_g = _ref_grad(x, t, kw, g_out.double())
+        for block, programs, in_place in ((32, 5, True), (128, n, False), (16, 1, False)):
+            grad = _run_bwd_kernel(mod, x.clone(), t, w, kw, lse, den, g_out, block, general,
+                                   programs, in_place)
+            assert_close(grad, round_toward_zero(ref_g.float(), dtype), dtype, factor=2,
+                         what=f"grad, block {block}, grad_output {g_out}")
+            assert torch.equal(grad[1], torch.zeros(v, dtype=dtype))  # ignored row
+
+
+def test_interpreter_deferred_backward_bad_target_is_nan():
+    """A target outside [0, V) that is not ignored: a NaN gradient row (as the forward's)."""
+    mod = load_triton_src("cross_entropy")
+    x, t, w = _inputs(5, 40)
+    t[3] = 40
+    for option, general in (("plain", 0), ("weight", 1)):
+        kw = _kwargs(option, w, "none")
+        lse = torch.logsumexp(x, -1)
+        grad = _run_bwd_kernel(mod, x.clone(), t, w, kw, lse, torch.ones(2), torch.ones(5), 16,
+                               general, 3, False)
+        assert torch.isnan(grad[3]).all() and not torch.isnan(grad[[0, 1, 2, 4]]).any()
 
 
 # --- level 2: the CPU backend against the reference --------------------------------------
