@@ -715,6 +715,283 @@ def test_double_backward_is_a_clear_error():
         g.pow(2).sum().backward()
 
 
+# --- mean_denominator and defer_grad ------------------------------------------------------
+
+def _grad_outputs(shape, seed=7):
+    """grad_output 1, 1 / 7 (a loss divided for gradient accumulation) and random values
+    (per row for "none"), in float32."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.ones(shape), torch.full(shape, 1 / 7),
+            torch.rand(shape, generator=g) * 3 - 1]
+
+
+def _ref_sum_over(x, t, kw, den):
+    """(loss, z) of the reference's "sum" divided by den, and its float64 gradient function
+    of grad_output: what reduction "mean" with mean_denominator=den computes."""
+    kw_sum = dict(kw, reduction="sum")
+    loss, z = ref_cross_entropy(x, t, **kw_sum)
+    return loss / den, z / den, lambda g: _ref_grad(x, t, kw_sum, g.double() / den)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + (torch.float64,))
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("defer", [False, True])
+def test_cpu_mean_denominator(dtype, option, defer):
+    """reduction="mean" with mean_denominator: the reference's sum (losses and z-losses)
+    divided by it, for a float tensor, an int64 tensor, a Python number and an int; the
+    gradient that of the divided sum, times grad_output."""
+    n, v = 9, 130
+    x, t, w = _inputs(n, v, dtype, ignore=(1, 7))
+    kw = _kwargs(option, w, "mean")
+    loss_dtype = torch.float64 if dtype == torch.float64 else F32
+    for den in (torch.tensor(23.0), torch.tensor(5, dtype=torch.int64), 3.5, 40):
+        d = float(den)
+        ref_loss, ref_z, ref_g = _ref_sum_over(x, t, kw, d)
+        for g_out in _grad_outputs(()):
+            xa = x.clone().requires_grad_()
+            loss, z = fk.cross_entropy(xa, t, return_z_loss=True, loss_dtype=loss_dtype,
+                                       mean_denominator=den, defer_grad=defer, **kw)
+            assert loss.shape == () and not z.requires_grad
+            assert_close(loss, ref_loss, loss_dtype, factor=2, what=f"loss, den {den}")
+            assert_close(z, ref_z, loss_dtype, factor=2, what=f"z, den {den}")
+            loss.backward(g_out.to(loss_dtype))
+            assert_close(xa.grad, ref_g(g_out), dtype, factor=3, rounding=2,
+                         what=f"grad, den {den}, grad_output {g_out}")
+        with torch.no_grad():  # the forward alone (the op below autograd)
+            assert_close(fk.cross_entropy(x, t, loss_dtype=loss_dtype, mean_denominator=den,
+                                          **kw), ref_loss, loss_dtype, factor=2)
+
+
+def test_mean_denominator_is_the_divided_sum():
+    """mean_denominator=n is cross_entropy(reduction="sum") / n (the loss to rounding, the
+    gradient too), without a scaling pass in the backward: the in-logits gradient of a
+    plain loss.backward() is the forward's; the denominator gets no gradient."""
+    x, t, w = _inputs(12, 50, ignore=(0, 3))
+    for kw in (dict(), dict(weight=w, label_smoothing=0.1, lse_square_scale=1e-3)):
+        den = torch.tensor(17.0, requires_grad=True)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        loss = fk.cross_entropy(xa, t, mean_denominator=den, **kw)
+        ref = fk.cross_entropy(xb, t, reduction="sum", **kw) / den.detach()
+        assert_close(loss, ref, F32)
+        ptr = xa.data_ptr()
+        loss.backward()
+        ref.backward()
+        assert xa.grad.data_ptr() == ptr
+        assert_close(xa.grad, xb.grad, F32, factor=2)
+        assert den.grad is None
+
+
+def test_mean_denominator_edge_cases():
+    """No rows: 0 (the sum of nothing); every row ignored: 0 (where the count would be
+    0 / 0); a denominator of any shape of one element; with extra outputs (the accuracy is
+    not affected)."""
+    e = torch.empty(0, 5, requires_grad=True)
+    te = torch.empty(0, dtype=torch.long)
+    for defer in (False, True):
+        loss = fk.cross_entropy(e, te, mean_denominator=4.0, defer_grad=defer)
+        assert loss.item() == 0
+        loss.backward()
+        assert e.grad.shape == (0, 5)
+        e.grad = None
+    x, t, _ = _inputs(4, 10, ignore=range(4))
+    assert fk.cross_entropy(x, t, mean_denominator=3).item() == 0
+    x, t, _ = _inputs(6, 10, ignore=(2,))
+    ref = fk.cross_entropy(x, t, reduction="sum") / 9
+    for den in (torch.tensor([9.0]), torch.tensor([[9]], dtype=torch.int32),
+                torch.tensor(9.0, dtype=torch.bfloat16)):
+        assert_close(fk.cross_entropy(x, t, mean_denominator=den), ref, F32)
+    out = fk.cross_entropy(x, t, mean_denominator=9, return_token_accuracy=True)
+    assert_close(out.loss, ref, F32)
+    assert torch.equal(out.token_accuracy, fk.cross_entropy(x, t, return_token_accuracy=True)
+                       .token_accuracy)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + (torch.float64,))
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_cpu_defer_grad(dtype, option, reduction):
+    """defer_grad: the same losses as the default (the same forward), the gradient of the
+    reference times grad_output (1, 1 / 7, random; per row for "none") rounded once, and
+    the default's gradient within rounding; in place (the logits' memory) and not."""
+    n, v = 9, 130
+    x, t, w = _inputs(n, v, dtype, ignore=(1, 7))
+    kw = _kwargs(option, w, reduction)
+    loss_dtype = torch.float64 if dtype == torch.float64 else F32
+    shape = (n,) if reduction == "none" else ()
+    for g_out in _grad_outputs(shape):
+        g_out = g_out.to(loss_dtype)
+        ref_g = _ref_grad(x, t, kw, g_out)
+        grads = []
+        for defer, in_logits in ((False, True), (True, True), (True, False)):
+            xa = x.clone().requires_grad_()
+            logits = xa * 1
+            loss, z = fk.cross_entropy(logits, t, return_z_loss=True, loss_dtype=loss_dtype,
+                                       defer_grad=defer, grad_in_logits=in_logits, **kw)
+            if defer:
+                assert torch.equal(logits.detach(), x)  # the forward leaves the logits
+            loss.backward(g_out)
+            grads.append((loss.detach(), z, xa.grad))
+            if defer:
+                # in the logits' memory with grad_in_logits, else a new buffer
+                assert torch.equal(logits.detach(), x) != in_logits
+                # rounded once: as close as the rounded reference
+                assert_close(xa.grad, ref_g, dtype, factor=2, rounding=1,
+                             what=f"grad, in_logits={in_logits}, grad_output {g_out}")
+        (l0, z0, g0), (l1, z1, g1), (l2, z2, g2) = grads
+        assert torch.equal(l0, l1) and torch.equal(l1, l2)
+        assert torch.equal(z0, z1) and torch.equal(z1, z2)
+        assert torch.equal(g1, g2)
+        assert_close(g1, g0, dtype, factor=3, rounding=2)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_defer_grad_extra_outputs(reduction):
+    """The token accuracy and predicted tokens come from the deferred forward too."""
+    x, t, w = _inputs(10, 60, ignore=(1,))
+    x = _with_ties(x)
+    kw = _kwargs("all", w, reduction)
+    ref_acc, ref_pred = ref_token_accuracy(x, t, reduction=reduction, softcap=kw["softcap"])
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = fk.cross_entropy(xa * 1, t, return_token_accuracy=True, return_predicted_tokens=True,
+                           defer_grad=True, **kw)
+    assert torch.equal(out.predicted_tokens, ref_pred)
+    assert_close(out.token_accuracy, ref_acc, F32)
+    assert not out.token_accuracy.requires_grad
+    plain = fk.cross_entropy(xb * 1, t, **kw)
+    assert torch.equal(out.loss.detach(), plain.detach())
+    g = torch.rand(plain.shape) + 0.5
+    out.loss.backward(g)
+    plain.backward(g)
+    assert_close(xa.grad, xb.grad, F32, factor=2)
+
+
+def test_defer_grad_contract():
+    """The deferred gradient in the logits' memory: an intermediate holds it after the
+    backward (its version bumped), a leaf's .grad reuses its memory, non-contiguous logits
+    are copied and never written, a write into the logits before the backward and a later
+    read of them by another op's backward raise, retain_graph keeps them, and only the
+    loss's grad_output counts."""
+    x, t, _ = _inputs(6, 40)
+    ref_g = _ref_grad(x, t, dict(), torch.tensor(0.5)).float()
+    h = x.clone().requires_grad_()
+    logits = h * 1
+    loss = fk.cross_entropy(logits, t, defer_grad=True)
+    v0 = logits._version
+    (loss / 2).backward()
+    assert logits._version > v0
+    assert_close(logits.detach(), ref_g, F32, factor=2)
+    assert_close(h.grad, ref_g, F32, factor=2)
+    xa = x.clone().requires_grad_()
+    ptr = xa.data_ptr()
+    (fk.cross_entropy(xa, t, defer_grad=True) * 0.5).backward()
+    assert xa.grad.data_ptr() == ptr
+    assert_close(xa.grad, ref_g, F32, factor=2)
+    xt = x.t().contiguous().t().requires_grad_()
+    (fk.cross_entropy(xt, t, defer_grad=True) / 2).backward()
+    assert torch.equal(xt.detach(), x)
+    assert_close(xt.grad, ref_g, F32, factor=2)
+    # written before the backward: the saved logits are checked
+    logits = x.clone().requires_grad_() * 1
+    loss = fk.cross_entropy(logits, t, defer_grad=True)
+    logits.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    # read by another op's backward after this one's: raises instead of reading gradients
+    h = x.clone().requires_grad_()
+    logits = h * 2
+    side = logits.exp()  # saves its output; logits itself saved by nothing else here
+    sq = logits.sin()    # saves logits
+    loss = fk.cross_entropy(logits, t, defer_grad=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (loss + sq.sum() + side.sum()).backward()
+    # retain_graph: twice the same gradient
+    xa = x.clone().requires_grad_()
+    loss = fk.cross_entropy(xa * 1, t, defer_grad=True)
+    loss.backward(torch.tensor(0.5), retain_graph=True)
+    first = xa.grad.clone()
+    loss.backward(torch.tensor(0.5))
+    assert_close(first, ref_g, F32, factor=2)
+    assert_close(xa.grad, 2 * first, F32)
+    # no gradient through the z-loss output
+    xa = x.clone().requires_grad_()
+    loss, z = fk.cross_entropy(xa * 1, t, lse_square_scale=1e-2, return_z_loss=True,
+                               defer_grad=True)
+    assert not z.requires_grad
+    # double backward raises
+    xa = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(fk.cross_entropy(xa * 1, t, defer_grad=True) / 2, xa,
+                               create_graph=True)
+    assert_close(g, ref_g, F32, factor=2)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        g.pow(2).sum().backward()
+
+
+def test_defer_grad_other_grad_output_paths():
+    """No grad wanted: the losses only (defer_grad has no effect); a backward through the
+    z-loss only: no gradient."""
+    x, t, _ = _inputs(5, 20)
+    with torch.no_grad():
+        assert torch.equal(fk.cross_entropy(x, t, defer_grad=True), fk.cross_entropy(x, t))
+    xa = x.clone().requires_grad_()
+    out = fk.cross_entropy(xa * 1, t, defer_grad=True, return_token_accuracy=True)
+    assert out.token_accuracy.grad_fn is None
+
+
+_BAD_DENOMINATOR = [
+    ("two elements", dict(mean_denominator=lambda d: torch.ones(2, device=d)),
+     "mean_denominator must have one element"),
+    ("empty", dict(mean_denominator=lambda d: torch.ones(0, device=d)),
+     "mean_denominator must have one element"),
+    ("bool", dict(mean_denominator=lambda d: torch.ones((), dtype=torch.bool, device=d)),
+     "mean_denominator must be float32, float64"),
+    ("sum", dict(mean_denominator=lambda d: torch.ones((), device=d), reduction="sum"),
+     "mean_denominator is only used with reduction='mean'"),
+    ("none", dict(mean_denominator=lambda d: torch.ones((), device=d), reduction="none"),
+     "mean_denominator is only used with reduction='mean'"),
+]
+
+
+@pytest.mark.parametrize("name,over,msg", _BAD_DENOMINATOR, ids=[b[0] for b in _BAD_DENOMINATOR])
+def test_bad_mean_denominator_cpu_and_meta_agree(name, over, msg):
+    """The same message from the C++ check and the fake kernel, through the op below
+    autograd, with a gradient wanted, deferred or not, and from the internal ops."""
+    def call(d, requires_grad=False, defer=False):
+        kw = {k: (v(d) if callable(v) else v) for k, v in over.items()}
+        x = torch.ones(3, 5, device=d, requires_grad=requires_grad)
+        t = torch.zeros(3, dtype=torch.long, device=d)
+        return fk.cross_entropy(x * 1, t, defer_grad=defer, **kw)
+
+    for rg, defer in ((False, False), (True, False), (True, True)):
+        cpu, meta = error_lines(lambda d: call(d, rg, defer), ("cpu", "meta"), msg)
+        assert cpu == meta and cpu.startswith("fk::cross_entropy: "), (rg, defer)
+    with pytest.raises(RuntimeError, match="must be on the same device"):
+        fk.cross_entropy(torch.ones(2, 4), torch.zeros(2, dtype=torch.long),
+                         mean_denominator=torch.ones((), device="meta"))
+
+
+def test_bad_deferred_backward_inputs_cpu_and_meta_agree():
+    x, t, _ = _inputs(3, 5)
+    lse, den, g = torch.zeros(3), torch.ones(2), torch.tensor(1.0)
+    cases = [(dict(lse=torch.zeros(4)), "lse must be Float of shape \\(3,\\)"),
+             (dict(lse=torch.zeros(3, dtype=torch.float64)), "lse must be Float"),
+             (dict(den=torch.ones(3)), "den must be Float of shape \\(2,\\)"),
+             (dict(grad_loss=torch.ones(2)), "grad_loss must be a scalar or have shape"),
+             (dict(grad_loss=torch.tensor(1.0, dtype=torch.float64)), "grad_loss must be Float"),
+             (dict(t=torch.zeros(2, dtype=torch.long)), "target must have shape")]
+    for over, msg in cases:
+        def call(d, inplace, over=over):
+            a = dict(x=x, t=t, lse=lse, den=den, grad_loss=g)
+            a.update(over)
+            a = {k: v.to(d) for k, v in a.items()}
+            op = (torch.ops.fk._cross_entropy_deferred_backward_ if inplace
+                  else torch.ops.fk._cross_entropy_deferred_backward)
+            return op(a["x"], a["t"], None, a["lse"], a["den"], a["grad_loss"], -100, 0.0, 0.0,
+                      None)
+        for inplace in (False, True):
+            cpu, meta = error_lines(lambda d: call(d, inplace), ("cpu", "meta"), msg)
+            assert cpu == meta, over
+
+
 # --- bad input -----------------------------------------------------------------------------
 
 def _bad(**over):

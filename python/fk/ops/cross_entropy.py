@@ -483,6 +483,7 @@ def _cross_entropy_autograd(keyset, logits, target, weight=None, ignore_index=-1
                             mean_denominator=None, defer_grad=False):
     # The defaults are the schema's: the dispatcher may leave out arguments equal to them.
     out = output_dtype(_OP, logits, loss_dtype)
+    check_mean_denominator(_OP, logits, mean_denominator, reduction)
     extras = return_token_accuracy or return_predicted_tokens
     if reduction == "mean" and weight is None and rows_sharded(logits):
         # Rows spread over ranks (a DTensor): the sum over all of them (a Partial DTensor)
@@ -498,7 +499,6 @@ def _cross_entropy_autograd(keyset, logits, target, weight=None, ignore_index=-1
             logits, target, None, ignore_index, label_smoothing, "sum", lse_square_scale,
             softcap, grad_in_logits, torch.float32, defer_grad=defer_grad)
         if mean_denominator is not None:
-            check_mean_denominator(_OP, logits, mean_denominator, reduction)
             count = mean_denominator
         else:
             count = (target != ignore_index).sum()
