@@ -1081,6 +1081,78 @@ def test_opcheck():
                           test_utils=internal)
 
 
+@pytest.mark.parametrize("option", ["plain", "all"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("in_logits", [True, False])
+def test_gradcheck_defer_grad(option, reduction, in_logits):
+    x, t, w = _inputs(4, 7, torch.float64, ignore=(2,))
+    kw = _kwargs(option, w.double(), reduction)
+    if reduction == "mean":
+        kw["mean_denominator"] = torch.tensor(2.5, dtype=torch.float64)
+    x.requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda x: fk.cross_entropy(x * 1, t, grad_in_logits=in_logits, defer_grad=True, **kw),
+        (x,))
+
+
+def test_opcheck_mean_denominator_and_defer_grad():
+    x, t, w = _inputs(5, 11, ignore=(1,))
+    den = torch.tensor(7.0)
+    for args in ((x.clone().requires_grad_(), t, w, -100, 0.1, "mean", 1e-3, 5.0, False, None,
+                  False, False, den, False),
+                 (x.clone().requires_grad_(), t, w, -100, 0.1, "mean", 1e-3, 5.0, False, None,
+                  True, True, den, True),
+                 (x.clone().requires_grad_(), t, None, -100, 0.0, "none", 0.0, None, False,
+                  torch.float32, False, False, None, True),
+                 (x.clone().requires_grad_(), t, None, -100, 0.0, "sum", 0.0, None, True,
+                  None, False, False, None, True),
+                 (x.clone(), t, None, -100, 0.0, "mean", 0.0, None, True, None, False, False,
+                  torch.tensor(3, dtype=torch.int64), False)):
+        torch.library.opcheck(torch.ops.fk.cross_entropy, args)
+    internal = ("test_schema", "test_faketensor")
+    for extras in (False, True):
+        torch.library.opcheck(torch.ops.fk._cross_entropy_forward,
+                              (x, t, w, -100, 0.0, "mean", 0.0, None, True, extras, den),
+                              test_utils=internal + ("test_aot_dispatch_dynamic",))
+        torch.library.opcheck(torch.ops.fk._cross_entropy_forward_,
+                              (x.clone(), t, None, -100, 0.0, "mean", 0.0, 2.0, extras, den),
+                              test_utils=internal)
+        for reduction, d in (("mean", den), ("mean", None), ("none", None)):
+            torch.library.opcheck(torch.ops.fk._cross_entropy_deferred_forward,
+                                  (x, t, w, -100, 0.1, reduction, 1e-3, 3.0, extras, d),
+                                  test_utils=internal + ("test_aot_dispatch_dynamic",))
+    loss, _, lse, dn, _, _ = torch.ops.fk._cross_entropy_deferred_forward(
+        x, t, w, -100, 0.1, "none", 1e-3, 3.0, False)
+    for g in (torch.tensor(2.0), torch.rand(5)):
+        bw = (t, w, lse, dn, g, -100, 0.1, 1e-3, 3.0)
+        torch.library.opcheck(torch.ops.fk._cross_entropy_deferred_backward, (x,) + bw,
+                              test_utils=internal + ("test_aot_dispatch_dynamic",))
+        torch.library.opcheck(torch.ops.fk._cross_entropy_deferred_backward_, (x.clone(),) + bw,
+                              test_utils=internal)
+
+
+def test_torch_compile_mean_denominator_and_defer_grad():
+    def step(h, w, t, den):
+        return fk.cross_entropy(h @ w, t, lse_square_scale=1e-4, mean_denominator=den,
+                                defer_grad=True) / 3
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    for rows in (6, 11):
+        h, w = randn(rows, 16, seed=rows).requires_grad_(), randn(16, 40, seed=1).requires_grad_()
+        t = torch.randint(0, 40, (rows,))
+        t[0] = -100
+        den = torch.tensor(float(rows + 2))
+        h2, w2 = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        out = compiled(h, w, t, den)
+        ref = fk.cross_entropy(h2 @ w2, t, lse_square_scale=1e-4, reduction="sum") / den / 3
+        assert_close(out, ref, torch.float32, factor=10)
+        out.backward()
+        ref.backward()
+        assert_close(h.grad, h2.grad, torch.float32, factor=10)
+        assert_close(w.grad, w2.grad, torch.float32, factor=10)
+
+
 def test_grad_in_logits_under_opcheck_autograd():
     # Under tracing / dispatch modes the forward uses a separate buffer, so even the default
     # passes every opcheck test (the eager calls write into the intermediate clones).
