@@ -1451,9 +1451,9 @@ g = torch.Generator(device="cuda").manual_seed(0)
 t = torch.randint(0, 1000, (300,), device="cuda", generator=g)
 t[::5] = -100
 t[123] = bad
-if op == "ce":
+if op in ("ce", "ce_defer"):
     x = torch.randn(300, 1000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    loss = fk.cross_entropy(x * 1, t, reduction=reduction)
+    loss = fk.cross_entropy(x * 1, t, reduction=reduction, defer_grad=op == "ce_defer")
 else:
     x = torch.randn(300, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(1000, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -1464,7 +1464,7 @@ print("NO ERROR", loss.float().sum().item())
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("op", ["ce", "flce"])
+@pytest.mark.parametrize("op", ["ce", "ce_defer", "flce"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_cuda_bad_target_is_a_device_assert(op, reduction):
     """An out-of-range target raises through a device-side assert (no host synchronisation
@@ -1599,5 +1599,159 @@ def test_cuda_more_than_2_31_elements():
                      factor=2)
         assert_close(xa.grad[rows], _ref_grad(xs, ts, dict(reduction="none"), torch.ones(2)),
                      torch.bfloat16, factor=3)
+    del x, xa, loss
+    torch.cuda.empty_cache()
+
+
+# --- level 5: mean_denominator and defer_grad on CUDA --------------------------------------
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("v", [1, 7, 1000, 1025, 4097, 50257, 128256])
+@pytest.mark.parametrize("option", ["plain", "zloss", "weight_smooth_z", "softcap", "all"])
+def test_cuda_defer_grad_matches_reference(dtype, v, option):
+    """The deferred backward kernel (plain and general, aligned and misaligned logits,
+    rows of one and several tiles): the reference's gradient times grad_output (1 / 7,
+    random per row; NaN-poisoned outputs), and the default path's gradient within rounding;
+    the losses equal to the default path's; extra outputs from the deferred forward."""
+    n = 37 if v <= 4097 else 9
+    for reduction in REDUCTIONS:
+        x, t, w = _inputs(n, v, dtype, "cuda", ignore=(1, 5), seed=v)
+        kw = _kwargs(option, w, reduction)
+        cpu_kw = {k: (a.cpu() if isinstance(a, torch.Tensor) else a) for k, a in kw.items()}
+        ref_loss, _ = ref_cross_entropy(x.cpu(), t.cpu(), **cpu_kw)
+        if reduction == "none":
+            g_out = torch.rand(n, device="cuda") * 2 - 0.5
+        else:
+            g_out = torch.tensor(1 / 7, device="cuda")
+        ref_g = _ref_grad(x.cpu(), t.cpu(), cpu_kw, g_out.cpu())
+        for make, in_logits in ((lambda a: a.clone(), True), (misaligned, True),
+                                (lambda a: a.clone(), False)):
+            poison_cuda_cache()
+            xa = make(x).requires_grad_()
+            out = fk.cross_entropy(xa * 1, t, loss_dtype=F32, defer_grad=True,
+                                   grad_in_logits=in_logits, return_predicted_tokens=True, **kw)
+            assert_close(out.loss, ref_loss, F32, factor=2, what="loss")
+            out.loss.backward(g_out)
+            assert not torch.isnan(xa.grad).any(), "unwritten gradient elements"
+            assert_close(xa.grad, ref_g, dtype, factor=2, rounding=1, what="deferred grad")
+        assert torch.equal(out.predicted_tokens.cpu(),
+                           ref_token_accuracy(x.cpu(), t.cpu(), softcap=kw["softcap"])[1])
+        xb = x.clone().requires_grad_()
+        loss_b = fk.cross_entropy(xb * 1, t, loss_dtype=F32, **kw)
+        assert torch.equal(loss_b, out.loss.detach())
+        loss_b.backward(g_out)
+        assert_close(xa.grad, xb.grad, dtype, factor=3, rounding=2, what="deferred vs default")
+        assert torch.equal(xa.grad[1].cpu(), torch.zeros(v, dtype=dtype))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_mean_denominator(dtype):
+    """mean_denominator as a CUDA float tensor, an int64 tensor and a number: the
+    reference's sum divided by it, deferred or not; the gradient of a plain backward in the
+    logits' memory without a scaling pass (the forward's, for a grad_output of 1)."""
+    n, v = 300, 32000
+    x, t, w = _inputs(n, v, dtype, "cuda", ignore=range(0, n, 9), seed=3)
+    for option in ("plain", "all"):
+        kw = _kwargs(option, w, "mean")
+        cpu_kw = {k: (a.cpu() if isinstance(a, torch.Tensor) else a) for k, a in kw.items()}
+        for den in (torch.tensor(123.0, device="cuda"),
+                    torch.tensor(77, dtype=torch.int64, device="cuda"), 250):
+            ref_loss, ref_z, ref_g = _ref_sum_over(x.cpu(), t.cpu(), cpu_kw, float(den))
+            for defer in (False, True):
+                xa = x.clone().requires_grad_()
+                loss, z = fk.cross_entropy(xa, t, loss_dtype=F32, return_z_loss=True,
+                                           mean_denominator=den, defer_grad=defer, **kw)
+                assert_close(loss, ref_loss, F32, factor=2, what="loss")
+                assert_close(z, ref_z, F32, factor=2, what="z")
+                loss.backward()
+                assert_close(xa.grad, ref_g(torch.tensor(1.0)), dtype, factor=3, rounding=2,
+                             what=f"grad, den {den}, defer {defer}")
+
+
+@pytest.mark.cuda
+def test_cuda_no_host_sync_and_graph_capture_with_mean_denominator_and_defer_grad():
+    """Neither option makes the host wait (torch's sync debug mode raises on a
+    synchronisation), and both are captured in a CUDA graph: the replays read the new
+    denominator and logits."""
+    n, v = 64, 5000
+    x, t, _ = _inputs(n, v, torch.bfloat16, "cuda", ignore=(3,))
+    den = torch.tensor(10.0, device="cuda")
+    sx = x.clone().requires_grad_()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up (loads the kernels) outside the capture
+        for defer in (False, True):
+            (fk.cross_entropy(sx * 1, t, mean_denominator=den, defer_grad=defer) / 3).backward()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for defer in (False, True):
+            (fk.cross_entropy(sx * 1, t, mean_denominator=den, defer_grad=defer) / 3).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for defer in (False, True):
+        sx.grad = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            loss = fk.cross_entropy(sx * 1, t, loss_dtype=F32, mean_denominator=den,
+                                    defer_grad=defer)
+            (loss / 3).backward()
+        for d, seed in ((10.0, 1), (37.0, 2)):
+            x2, _, _ = _inputs(n, v, torch.bfloat16, "cuda", seed=seed)
+            with torch.no_grad():
+                sx.copy_(x2)
+            den.fill_(d)
+            graph.replay()
+            ref_loss, _, ref_g = _ref_sum_over(x2.cpu(), t.cpu(), dict(), d)
+            assert_close(loss, ref_loss, F32, factor=2, what=f"loss, defer {defer}")
+            assert_close(sx.grad, ref_g(torch.tensor(1 / 3)), torch.bfloat16, factor=3,
+                         rounding=2, what=f"grad, defer {defer}")
+
+
+@pytest.mark.cuda
+def test_cuda_defer_grad_in_logits_saves_memory():
+    """(loss / 7).backward() with defer_grad: no second logits-sized buffer (the gradient
+    goes into the logits' memory in the backward), as without it."""
+    n, v = 2048, 32000
+    size = n * v * 2
+
+    def peak(in_logits):
+        h = torch.randn(n, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(256, v, device="cuda", dtype=torch.bfloat16)
+        t = torch.randint(0, v, (n,), device="cuda")
+        logits = h @ w
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        loss = fk.cross_entropy(logits, t, grad_in_logits=in_logits, defer_grad=True)
+        del logits
+        (loss / 7).backward()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
+    assert peak(False) >= size
+    assert peak(True) < size // 4
+
+
+@pytest.mark.cuda
+def test_cuda_defer_grad_more_than_2_31_elements():
+    v = 128256
+    n = (1 << 31) // v + 3
+    x = torch.randn(n, v, device="cuda", dtype=torch.bfloat16)
+    t = torch.randint(0, v, (n,), device="cuda")
+    xa = x.clone().requires_grad_()
+    loss = fk.cross_entropy(xa, t, reduction="none", loss_dtype=F32, defer_grad=True)
+    g = torch.full_like(loss, 0.5)
+    loss.backward(g)
+    for rows in (slice(0, 2), slice(n - 2, n)):
+        xs, ts = x[rows].cpu(), t[rows].cpu()
+        assert_close(loss[rows], ref_cross_entropy(xs, ts, reduction="none")[0], torch.float32,
+                     factor=2)
+        assert_close(xa.grad[rows], _ref_grad(xs, ts, dict(reduction="none"),
+                                              torch.full((2,), 0.5)),
+                     torch.bfloat16, factor=2, rounding=1)
     del x, xa, loss
     torch.cuda.empty_cache()
