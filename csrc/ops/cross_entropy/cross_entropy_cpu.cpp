@@ -122,7 +122,9 @@ void cross_entropy_rows_cpu(const Tensor& logits, const Tensor& grad, const Tens
   }
   aten::copy_(loss_rows, aten::where(keep, ce * inv_dw + z * inv_dn, inv_dw * 0.0));
   aten::copy_(z_rows, aten::where(keep, z * inv_dn, inv_dn * 0.0));
-  if (lse_rows.defined()) aten::copy_(lse_rows, aten::where(keep, lse, constant(0.0, dtype, logits)));
+  if (lse_rows.defined()) {
+    aten::copy_(lse_rows, aten::where(keep, lse, constant(0.0, dtype, logits)));
+  }
   if (!grad.defined()) return;
   aten::copy_(grad, gradient(x, t, lse, tg, w_y, weight, inv_dw, inv_dn, p_y, Tensor(), o));
 }

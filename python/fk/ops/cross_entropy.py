@@ -19,7 +19,7 @@ from torch._C import DispatchKey
 from torch.autograd.graph import increment_version
 
 from . import _autograd, _checks as c
-from ._sharding import reduce_partials, rows_sharded
+from ._sharding import reduce_partials, replicated_like, rows_sharded
 
 REDUCTIONS = ("mean", "sum", "none")
 _OP = "fk::cross_entropy"
@@ -487,9 +487,9 @@ def _cross_entropy_autograd(keyset, logits, target, weight=None, ignore_index=-1
     extras = return_token_accuracy or return_predicted_tokens
     if reduction == "mean" and weight is None and rows_sharded(logits):
         # Rows spread over ranks (a DTensor): the sum over all of them (a Partial DTensor)
-        # divided by the number of non-ignored rows over all ranks; each rank's own mean
-        # would weigh its rows by its own count. Returned replicated, as a mean is used.
-        # (With class weights it is computed on replicated rows.)
+        # divided by the number of non-ignored rows over all ranks (or mean_denominator);
+        # each rank's own mean would weigh its rows by its own count. Returned replicated,
+        # as a mean is used. (With class weights it is computed on replicated rows.)
         if extras:
             raise NotImplementedError(
                 "fk::cross_entropy: return_token_accuracy / return_predicted_tokens with "
@@ -499,7 +499,7 @@ def _cross_entropy_autograd(keyset, logits, target, weight=None, ignore_index=-1
             logits, target, None, ignore_index, label_smoothing, "sum", lse_square_scale,
             softcap, grad_in_logits, torch.float32, defer_grad=defer_grad)
         if mean_denominator is not None:
-            count = mean_denominator
+            count = replicated_like(mean_denominator, loss)
         else:
             count = (target != ignore_index).sum()
         return (reduce_partials(loss / count).to(out), reduce_partials(z / count).to(out),
