@@ -628,6 +628,12 @@ def test_module():
     z = fk.nn.CrossEntropyLoss(lse_square_scale=1e-3, softcap=30.0)
     assert_close(z(x, t), ref_cross_entropy(x, t, lse_square_scale=1e-3, softcap=30.0)[0],
                  torch.float32)
+    d = fk.nn.CrossEntropyLoss(weight=w, label_smoothing=0.1, defer_grad=True)
+    assert "defer_grad=True" in repr(d)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (d(xa * 1, t) / 3).backward()
+    (torch.nn.CrossEntropyLoss(weight=w, label_smoothing=0.1)(xb, t) / 3).backward()
+    assert_close(xa.grad, xb.grad, torch.float32, factor=2)
 
 
 # --- the gradient-in-logits contract -----------------------------------------------------
@@ -1220,7 +1226,7 @@ def test_torchscript_module(tmp_path):
             super().__init__()
             self.proj = torch.nn.Linear(8, 20)
             self.loss = fk.nn.CrossEntropyLoss(label_smoothing=0.1, lse_square_scale=1e-3)
-            self.capped = fk.nn.CrossEntropyLoss(softcap=5.0, reduction="sum")
+            self.capped = fk.nn.CrossEntropyLoss(softcap=5.0, reduction="sum", defer_grad=True)
 
         def forward(self, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             # The JIT may merge the two identical projections into one tensor: the module
