@@ -503,8 +503,11 @@ def cross_entropy_bwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
 #     for the general EXTRA one of 16 KB steps, 2.48 for the general one without EXTRA).
 #   small: rows of at most SMALL classes, many programs per SM.
 # scale: tiles of 4096 columns, 8 warps, 8 programs per SM: 64 KB in flight per SM.
-# bwd (the deferred backward): as scale (not tuned); its floor at the Llama-3 shape is one
-#   read + one write of the logits, 1.0 ms on an H200.
+# bwd (the deferred backward; not tuned on a GPU yet): tiles of 4096 columns, 8 warps, 8
+#   programs per SM as scale for the plain aligned variant (58 registers on sm_90: 4 programs
+#   resident per SM); the general and unaligned ones hold more values per element (up to
+#   152 registers at 4096 columns, one program per SM): half the tile (48-80). Floor at the Llama-3
+#   shape: one read + one write of the logits, 1.0 ms on an H200.
 # den: blocks of 256 targets, at most 1 program per SM (8192 rows: 32 programs, one block
 #   each, so one target load and one weight gather deep instead of 8 steps of each in one
 #   program: 26.5 us measured for that), each adding 2 floats atomically.
@@ -519,7 +522,7 @@ _SM90 = {
     "general": {2: (8192, 16, 64), 4: (4096, 16, 64)},
     "extra": {2: (16384, 16, 64), 4: (16384, 16, 64)},
     "scale": (4096, 8, 8),
-    "bwd": (4096, 8, 8),
+    "bwd": {"plain": (4096, 8, 8), "other": (2048, 8, 8)},
     "den": (256, 4, 1),
 }
 _CONFIG = {
@@ -586,8 +589,9 @@ def variants(arch: int) -> list:
             block, warps, per_sm = cfg["scale"]
             add("cross_entropy_scale", "cross_entropy_scale_kernel", _SCALE_ARGS, block,
                 {"BLOCK": block, "PER_SM": per_sm}, warps, aligned)
-            block, warps, per_sm = cfg["bwd"]
             for general in (0, FLAG_GENERAL):
+                kind = "plain" if aligned and not general else "other"
+                block, warps, per_sm = cfg["bwd"][kind]
                 add("cross_entropy_bwd", "cross_entropy_bwd_kernel", _BWD_ARGS, block,
                     {"BLOCK": block, "GENERAL": int(general != 0), "PER_SM": per_sm}, warps,
                     aligned | general)
