@@ -506,8 +506,8 @@ def cross_entropy_bwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
 # bwd (the deferred backward; not tuned on a GPU yet): tiles of 4096 columns, 8 warps, 8
 #   programs per SM as scale for the plain aligned variant (58 registers on sm_90: 4 programs
 #   resident per SM); the general and unaligned ones hold more values per element (up to
-#   152 registers at 4096 columns, one program per SM): half the tile (48-80). Floor at the Llama-3
-#   shape: one read + one write of the logits, 1.0 ms on an H200.
+#   152 registers at 4096 columns, one program per SM): half the tile (48-80 registers).
+#   Floor at the Llama-3 shape: one read + one write of the logits, 1.0 ms on an H200.
 # den: blocks of 256 targets, at most 1 program per SM (8192 rows: 32 programs, one block
 #   each, so one target load and one weight gather deep instead of 8 steps of each in one
 #   program: 26.5 us measured for that), each adding 2 floats atomically.
