@@ -1638,8 +1638,8 @@ def test_cuda_defer_grad_matches_reference(dtype, v, option):
         for make, in_logits in ((lambda a: a.clone(), True), (misaligned, True),
                                 (lambda a: a.clone(), False)):
             poison_cuda_cache()
-            xa = make(x).requires_grad_()
-            out = fk.cross_entropy(xa * 1, t, loss_dtype=F32, defer_grad=True,
+            xa = make(x).requires_grad_()  # the logits themselves (a misaligned one too)
+            out = fk.cross_entropy(xa, t, loss_dtype=F32, defer_grad=True,
                                    grad_in_logits=in_logits, return_predicted_tokens=True, **kw)
             assert_close(out.loss, ref_loss, F32, factor=2, what="loss")
             out.loss.backward(g_out)
