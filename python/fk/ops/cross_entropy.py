@@ -61,7 +61,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
                   defer_grad: bool = False
                   ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor],
                              CrossEntropyOutput]:
-    """Cross entropy over a vocabulary, with the gradient computed in the forward pass.
+    """Cross entropy over a vocabulary, with the gradient computed in the forward pass (or,
+    with ``defer_grad``, in the backward pass).
 
     ``torch.nn.functional.cross_entropy(logits, target, weight, ignore_index=...,
     label_smoothing=..., reduction=...)`` (class weights, ignored targets and label
@@ -109,13 +110,6 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
             it, or ``torch.float32`` (``float64``, ``bfloat16``, ``float16``). The losses
             are always computed in float32 (float64 for float64 logits) and rounded once to
             this dtype; the gradient does not depend on it.
-        return_token_accuracy: also return the token accuracy (float32, no gradient): for
-            ``"mean"`` and ``"sum"`` the fraction of non-ignored rows whose argmax over the
-            vocabulary is the target (NaN when every row is ignored, like the mean loss);
-            for ``"none"`` one value per row, 1.0 or 0.0 (0.0 for ignored rows), as Liger
-            Kernel returns it.
-        return_predicted_tokens: also return each row's argmax over the vocabulary
-            (``(N,)`` int64, no gradient; -100 for rows whose target is ``ignore_index``).
         mean_denominator: with ``reduction="mean"`` only: the number the sum of the rows'
             losses (and z-losses) is divided by, in place of the (weighted) count of
             non-ignored rows; Hugging Face's ``num_items_in_batch`` (the count over all
@@ -124,7 +118,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
             synchronisation), or a Python number (made a float32 tensor on that device).
             ``cross_entropy(x, t, reduction="mean", mean_denominator=n)`` is
             ``cross_entropy(x, t, reduction="sum") / n`` without the division's pass over
-            the gradient in the backward. With no rows the loss is 0.
+            the gradient in the backward. With no rows, or every row ignored, the loss is 0.
         defer_grad: compute the gradient in the backward pass instead: the forward reads
             the logits once (the losses and each row's logsumexp, kept in float32) and keeps
             the logits as they are; the backward reads them once more and writes the
@@ -134,6 +128,13 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
             scaled by a GradScaler): three passes over the logits instead of four. For the
             plain ``loss.backward()`` the default is faster (two passes). Every other option
             works with it.
+        return_token_accuracy: also return the token accuracy (float32, no gradient): for
+            ``"mean"`` and ``"sum"`` the fraction of non-ignored rows whose argmax over the
+            vocabulary is the target (NaN when every row is ignored, like the mean loss);
+            for ``"none"`` one value per row, 1.0 or 0.0 (0.0 for ignored rows), as Liger
+            Kernel returns it.
+        return_predicted_tokens: also return each row's argmax over the vocabulary
+            (``(N,)`` int64, no gradient; -100 for rows whose target is ``ignore_index``).
 
         The argmax is taken over the logits the loss sees (after the softcap, which keeps
         their order but may round large ones to ties), the first maximal index as
