@@ -361,6 +361,24 @@ def test_interpreter_deferred_backward_bad_target_is_nan():
         assert torch.isnan(grad[3]).all() and not torch.isnan(grad[[0, 1, 2, 4]]).any()
 
 
+def test_variants_cover_every_dtype_and_flag():
+    """The deferred backward has one variant per dtype, alignment and GENERAL flag (the C++
+    launcher picks by those, any block), on every arch; the forward keeps one per dtype,
+    flags and bucket."""
+    mod = load_triton_src("cross_entropy")
+    for arch in (80, 90, 100, 120):
+        variants = mod.variants(arch)
+        bwd = [(v.dtype, v.flags) for v in variants if v.family == "cross_entropy_bwd"]
+        fwd = {(v.dtype, v.flags, v.block) for v in variants if v.family == "cross_entropy_fwd"}
+        aligned, general = mod.FLAG_ALIGNED, mod.FLAG_GENERAL
+        for dt in ("fp32", "bf16", "fp16"):
+            for flags in (0, aligned, general, aligned | general):
+                assert bwd.count((dt, flags)) == 1, (arch, dt, flags)
+                for extra in (0, mod.FLAG_EXTRA):
+                    for bucket in (mod.SMALL, mod.LARGE):
+                        assert (dt, flags | extra, bucket) in fwd, (arch, dt, flags, extra)
+
+
 # --- level 2: the CPU backend against the reference --------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES + (torch.float64,))
