@@ -98,7 +98,7 @@ def main():
         grid = (min(m, programs),)
         return lambda: K.cross_entropy_fwd_kernel[grid](
             x, x, t, w if weight is not None else loss, ones, loss, z, v, v, m, v, -100, ls,
-            0.0, 1.0, int(weight is not None), 0, write_grad, pred, 0, BLOCK=block,
+            0.0, 1.0, int(weight is not None), 0, write_grad, pred, 0, loss, 0, BLOCK=block,
             GENERAL=general or extra, PER_SM=1, CHUNKS=1, EXTRA=extra, num_warps=warps)
 
     def report(name, fn, traffic):

@@ -1,4 +1,5 @@
-"""Cross entropy over a large vocabulary, its gradient computed in the forward pass.
+"""Cross entropy over a large vocabulary, its gradient computed in the forward pass (or,
+deferred, in the backward pass from the logits and each row's lse).
 
 Per row i with target y (V classes, logits x; softcap c: x -> c * tanh(x / c) first):
 
@@ -42,10 +43,19 @@ Kernels:
                              tail still in L2) and writes the gradient. The gradient may be
                              the logits' own memory: every element is read before the same
                              thread overwrites it, and x_y is read before the meeting.
+                             With write_lse != 0 it also writes each row's lse (0 for an
+                             ignored row) for the deferred backward.
   cross_entropy_den_kernel   D_w and D_n: programs over blocks of targets, each adding its
                              partial sums to the zeroed den atomically.
   cross_entropy_scale_kernel dst = src * grad_output (a scalar, or one value per row); in
                              place it returns at once where grad_output is 1.
+  cross_entropy_bwd_kernel   the deferred gradient: g_j above times grad_output from the raw
+                             logits, the saved lse and den, over tiles of BLOCK columns
+                             (persistent; a tile needs nothing from another): one read of
+                             the logits and one write of the gradient, which may be the
+                             logits' own memory. For a scaled loss: the forward without the
+                             gradient (one read) + this = three passes over the logits,
+                             against four for the forward with the gradient + the scale.
 All math is in fp32; offsets are int64.
 """
 import triton
@@ -177,7 +187,7 @@ def _grad_block(raw, lanes, start, y, lse2, a, c_y, c_w, softcap, inv_cap, weigh
 def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, loss_ptr, z_ptr,
                              x_stride, grad_stride, M, V, ignore_index, label_smoothing,
                              lse_square_scale, softcap, has_weight, has_softcap, write_grad,
-                             pred_ptr, token_scaling, BLOCK: tl.constexpr,
+                             pred_ptr, token_scaling, lse_ptr, write_lse, BLOCK: tl.constexpr,
                              GENERAL: tl.constexpr, PER_SM: tl.constexpr,
                              CHUNKS: tl.constexpr, EXTRA: tl.constexpr):
     gdtype = grad_ptr.dtype.element_ty
@@ -225,6 +235,8 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
             if rank == 0:
                 tl.store(loss_ptr + row, 0.0 * inv_dw)
                 tl.store(z_ptr + row, 0.0 * inv_dn)
+                if write_lse != 0:
+                    tl.store(lse_ptr + row, 0.0)
                 if EXTRA:
                     tl.store(pred_ptr + row, IGNORED_PREDICTION)
         else:
@@ -319,6 +331,8 @@ def cross_entropy_fwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, l
             if rank == 0:
                 tl.store(loss_ptr + row, ce * inv_dw + z * inv_dn)
                 tl.store(z_ptr + row, z * inv_dn)
+                if write_lse != 0:
+                    tl.store(lse_ptr + row, lse)
                 if EXTRA:
                     tl.store(pred_ptr + row, arg.to(tl.int64))
 
@@ -390,6 +404,67 @@ def cross_entropy_scale_kernel(src_ptr, dst_ptr, g_ptr, g_stride, src_stride, ds
                          mask=mask, eviction_policy="evict_first")
 
 
+
+@triton.jit
+def cross_entropy_bwd_kernel(x_ptr, grad_ptr, target_ptr, weight_ptr, den_ptr, lse_ptr, g_ptr,
+                             wsum_ptr, g_stride, x_stride, grad_stride, M, V, ignore_index,
+                             label_smoothing, lse_square_scale, softcap, has_weight,
+                             has_softcap, BLOCK: tl.constexpr, GENERAL: tl.constexpr,
+                             PER_SM: tl.constexpr):
+    """The deferred gradient: grad[i, :] = g[i * g_stride] * d loss_i / d x[i, :] from the
+    raw logits, each row's lse (the forward's, written with write_lse) and den, in one read
+    of the logits and one write of the gradient, over tiles of BLOCK columns (persistent:
+    tiles pid, pid + P, ...); the lse is known, so a tile needs no other tile. grad may be
+    the logits' own memory (each element is read before the same thread overwrites it).
+    wsum_ptr: the sum of the class weights (read with weights and label smoothing)."""
+    gdtype = grad_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    nprog = tl.num_programs(0)
+    lanes = tl.arange(0, BLOCK)
+    tiles_per_row = tl.cdiv(V, BLOCK)
+    inv_dw = 1.0 / tl.load(den_ptr)
+    inv_dn = 1.0 / tl.load(den_ptr + 1)
+    smoothing = label_smoothing > 0.0
+    inv_cap = 1.0 / softcap
+    for tile in range(pid, M * tiles_per_row, nprog):
+        row = tile // tiles_per_row
+        start = (tile - row * tiles_per_row) * BLOCK
+        cols = start + lanes
+        mask = cols < V
+        y = tl.load(target_ptr + row)
+        g_row = grad_ptr + row * grad_stride
+        if y == ignore_index:
+            tl.store(g_row + cols, tl.zeros((BLOCK,), dtype=gdtype), mask=mask,
+                     eviction_policy="evict_first")
+        else:
+            go = tl.load(g_ptr + row * g_stride)
+            lse = tl.load(lse_ptr + row)
+            valid = (y >= 0) & (y < V)
+            w_y = tl.full((), 1.0, tl.float32)
+            if GENERAL:
+                if has_weight != 0:
+                    w_y = tl.load(weight_ptr + tl.where(valid, y, 0))
+            w_y = tl.where(valid, w_y, float("nan"))
+            # The forward's scalars of the row (see the module docstring), times grad_output.
+            a = w_y * inv_dw
+            c_w = tl.full((), 0.0, tl.float32)
+            if GENERAL:
+                if smoothing:
+                    eps = label_smoothing / V
+                    sw = V * 1.0
+                    if has_weight != 0:
+                        sw = tl.load(wsum_ptr)
+                    a = ((1.0 - label_smoothing) * w_y + eps * sw) * inv_dw
+                    c_w = eps * inv_dw
+            c_y = (1.0 - label_smoothing) * w_y * inv_dw
+            a = (a + 2.0 * lse_square_scale * lse * inv_dn) * go
+            raw = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0,
+                          eviction_policy="evict_first")
+            g = _grad_block(raw, lanes, start, y, lse * LOG2E, a, c_y * go, c_w * go, softcap,
+                            inv_cap, weight_ptr, has_weight, has_softcap, smoothing, V, GENERAL,
+                            BLOCK)
+            tl.store(g_row + cols, g.to(gdtype), mask=mask, eviction_policy="evict_first")
+
 # Floor at Llama-3 shapes (8192 x 128256 bf16 logits, 2.10 GB; 4.2 TB/s copy bandwidth):
 # forward with the gradient = one read of the logits + one write of the gradient, 4.2 GB,
 # 1.0 ms if pass 2's re-read came from L2 (with one program per row, hundreds of 250 KB rows
@@ -428,6 +503,11 @@ def cross_entropy_scale_kernel(src_ptr, dst_ptr, g_ptr, g_stride, src_stride, ds
 #     for the general EXTRA one of 16 KB steps, 2.48 for the general one without EXTRA).
 #   small: rows of at most SMALL classes, many programs per SM.
 # scale: tiles of 4096 columns, 8 warps, 8 programs per SM: 64 KB in flight per SM.
+# bwd (the deferred backward; not tuned on a GPU yet): tiles of 4096 columns, 8 warps, 8
+#   programs per SM as scale for the plain aligned variant (58 registers on sm_90: 4 programs
+#   resident per SM); the general and unaligned ones hold more values per element (up to
+#   152 registers at 4096 columns, one program per SM): half the tile (48-80 registers).
+#   Floor at the Llama-3 shape: one read + one write of the logits, 1.0 ms on an H200.
 # den: blocks of 256 targets, at most 1 program per SM (8192 rows: 32 programs, one block
 #   each, so one target load and one weight gather deep instead of 8 steps of each in one
 #   program: 26.5 us measured for that), each adding 2 floats atomically.
@@ -442,6 +522,7 @@ _SM90 = {
     "general": {2: (8192, 16, 64), 4: (4096, 16, 64)},
     "extra": {2: (16384, 16, 64), 4: (16384, 16, 64)},
     "scale": (4096, 8, 8),
+    "bwd": {"plain": (4096, 8, 8), "other": (2048, 8, 8)},
     "den": (256, 4, 1),
 }
 _CONFIG = {
@@ -456,7 +537,10 @@ _ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
 _FWD_ARGS = ("x_ptr", "grad_ptr", "target_ptr", "weight_ptr", "den_ptr", "loss_ptr", "z_ptr",
              "x_stride", "grad_stride", "M", "V", "ignore_index", "label_smoothing",
              "lse_square_scale", "softcap", "has_weight", "has_softcap", "write_grad",
-             "pred_ptr", "token_scaling")
+             "pred_ptr", "token_scaling", "lse_ptr", "write_lse")
+_BWD_ARGS = ("x_ptr", "grad_ptr", "target_ptr", "weight_ptr", "den_ptr", "lse_ptr", "g_ptr",
+             "wsum_ptr", "g_stride", "x_stride", "grad_stride", "M", "V", "ignore_index",
+             "label_smoothing", "lse_square_scale", "softcap", "has_weight", "has_softcap")
 _SCALE_ARGS = ("src_ptr", "dst_ptr", "g_ptr", "g_stride", "src_stride", "dst_stride", "M", "V",
                "in_place")
 _DEN_ARGS = ("target_ptr", "weight_ptr", "den_ptr", "N", "V", "ignore_index", "has_weight")
@@ -467,7 +551,7 @@ _TYPES = {"target_ptr": "*i64", "weight_ptr": "*fp32", "den_ptr": "*fp32", "loss
           "V": "i32", "ignore_index": "i64", "label_smoothing": "fp32",
           "lse_square_scale": "fp32", "softcap": "fp32", "has_weight": "i32",
           "has_softcap": "i32", "write_grad": "i32", "in_place": "i32", "pred_ptr": "*i64",
-          "token_scaling": "i32"}
+          "token_scaling": "i32", "lse_ptr": "*fp32", "wsum_ptr": "*fp32", "write_lse": "i32"}
 # Integer arguments that are multiples of 16 in an aligned variant (row lengths, strides).
 _ALIGNED_INTS = ("x_stride", "grad_stride", "src_stride", "dst_stride", "V")
 
@@ -505,6 +589,12 @@ def variants(arch: int) -> list:
             block, warps, per_sm = cfg["scale"]
             add("cross_entropy_scale", "cross_entropy_scale_kernel", _SCALE_ARGS, block,
                 {"BLOCK": block, "PER_SM": per_sm}, warps, aligned)
+            for general in (0, FLAG_GENERAL):
+                kind = "plain" if aligned and not general else "other"
+                block, warps, per_sm = cfg["bwd"][kind]
+                add("cross_entropy_bwd", "cross_entropy_bwd_kernel", _BWD_ARGS, block,
+                    {"BLOCK": block, "GENERAL": int(general != 0), "PER_SM": per_sm}, warps,
+                    aligned | general)
     block, warps, per_sm = cfg["den"]
     out.append(Variant(family="cross_entropy_den", kernel="cross_entropy_den_kernel",
                        dtype="fp32", block=block,

@@ -76,13 +76,15 @@ class Problem:
         pointers (default: self.args()); x0: logits of the dtype to compile for (default:
         self.x0, bf16). A kernel of the library's current form (with the EXTRA variants'
         arguments) gets them too, for the plain variant: pred_ptr unused, no token scaling,
-        EXTRA 0."""
+        EXTRA 0, no lse written."""
         kernel = kernel or ce.cross_entropy_fwd_kernel
         head = self.args() if args is None else args
         extra = {}
         if "EXTRA" in kernel.arg_names and len(head) == len(self.args()):
             head = head + (self.t, 0)
             extra = {"EXTRA": 0}
+            if "lse_ptr" in kernel.arg_names:  # no lse written
+                head = head + (self.loss, 0)
         x0 = self.x0 if x0 is None else x0
         ctas = rows_at_once * chunks
         k = kernel.warmup(x0, x0, *head, grid=(ctas,), num_warps=warps, BLOCK=block, GENERAL=0,

@@ -469,6 +469,34 @@ void check_cross_entropy() {
       "cross_entropy",
       [=](const Tensors& t) { return one(fk::cross_entropy(t[0] * 1.0, target)); }, {logits},
       0);
+  // defer_grad (the gradient computed in the backward) and mean_denominator.
+  const at::Tensor denominator = at::full({}, 2.5, kOpts);
+  for (const char* reduction : {"mean", "sum", "none"}) {
+    const bool mean = std::string(reduction) == "mean";
+    for (const bool in_logits : {true, false}) {
+      gradcheck(std::string("cross_entropy defer_grad reduction=") + reduction +
+                    (mean ? " mean_denominator" : "") +
+                    (in_logits ? "" : " grad_in_logits=false"),
+                [=](const Tensors& t) {
+                  return one(fk::cross_entropy_outputs(
+                                 t[0] * 1.0, target, class_weight, -100, 0.1, reduction, 1e-2,
+                                 3.0, in_logits, std::nullopt, false, false,
+                                 mean ? std::optional<at::Tensor>(denominator) : std::nullopt,
+                                 true)
+                                 .loss);
+                },
+                {logits}, {true});
+    }
+  }
+  check_double_backward("cross_entropy defer_grad",
+                        [=](const Tensors& t) {
+                          return one(fk::cross_entropy_outputs(
+                                         t[0] * 1.0, target, std::nullopt, -100, 0.0, "mean",
+                                         0.0, std::nullopt, true, std::nullopt, false, false,
+                                         std::nullopt, true)
+                                         .loss);
+                        },
+                        {logits}, 0);
 
   const std::string what = "cross_entropy grad_in_logits writes the gradient into the logits";
   at::Tensor leaf_logits = logits.clone().requires_grad_(true);

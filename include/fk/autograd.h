@@ -1334,7 +1334,8 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
                                const at::Tensor& target, const std::optional<at::Tensor>& weight,
                                int64_t ignore_index, double label_smoothing,
                                c10::string_view reduction, double lse_square_scale,
-                               std::optional<double> softcap, bool grad_in_logits, bool extras) {
+                               std::optional<double> softcap, bool grad_in_logits, bool extras,
+                               const std::optional<at::Tensor>& mean_denominator) {
     ctx->set_materialize_grads(false);
     at::AutoDispatchBelowADInplaceOrView guard;
     at::Tensor loss, z, grad, acc, pred;
@@ -1344,15 +1345,17 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
       static const auto op =
           detail::op<Result(at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                             int64_t, double, c10::string_view, double, std::optional<double>,
-                            bool)>("fk::_cross_entropy_forward_");
-      std::tie(loss, z, acc, pred) = op.call(x, target, weight, ignore_index, label_smoothing,
-                                             reduction, lse_square_scale, softcap, extras);
+                            bool, const std::optional<at::Tensor>&)>(
+              "fk::_cross_entropy_forward_");
+      std::tie(loss, z, acc, pred) =
+          op.call(x, target, weight, ignore_index, label_smoothing, reduction, lse_square_scale,
+                  softcap, extras, mean_denominator);
       if (x.is_same(logits)) detail::bump_version(logits);
       grad = x;
     } else {
       std::tie(loss, z, grad, acc, pred) =
           forward_op(logits, target, weight, ignore_index, label_smoothing, reduction,
-                     lse_square_scale, softcap, true, extras);
+                     lse_square_scale, softcap, true, extras, mean_denominator);
     }
     ctx->save_for_backward({grad});
     // z_loss is part of loss already and is returned for logging, the token accuracy and
@@ -1363,7 +1366,7 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list out(10);
+    variable_list out(11);
     // No grad_output for the loss: only the outputs without a gradient were used.
     if (!grads[0].defined()) return out;
     out[0] = detail::scale_stored_grad(kOp, ctx->get_saved_variables()[0], grads[0]);
@@ -1376,29 +1379,8 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
                        double label_smoothing, c10::string_view reduction,
                        double lse_square_scale, std::optional<double> softcap,
                        bool grad_in_logits, std::optional<at::ScalarType> loss_dtype,
-                       bool return_token_accuracy, bool return_predicted_tokens) {
-    const auto dtype = detail::loss_output_dtype(kOp, logits, loss_dtype);
-    const bool extras = return_token_accuracy || return_predicted_tokens;
-    at::Tensor loss, z, acc, pred;
-    if (!at::GradMode::is_enabled() || !logits.requires_grad()) {
-      // No gradient wanted (class weights are not differentiated, as in torch): losses only.
-      at::AutoDispatchBelowADInplaceOrView guard;
-      std::tie(loss, z, std::ignore, acc, pred) =
-          forward_op(logits, target, weight, ignore_index, label_smoothing, reduction,
-                     lse_square_scale, softcap, false, extras);
-    } else {
-      auto out = apply(logits, target, weight, ignore_index, label_smoothing, reduction,
-                       lse_square_scale, softcap, grad_in_logits, extras);
-      loss = out[0], z = out[1];
-      if (extras) {
-        acc = out[2];
-        pred = out[3];
-      }
-    }
-    // Rounded once to the output dtype; autograd casts grad_output back to float32.
-    return {loss.to(dtype), z.to(dtype), return_token_accuracy ? acc : at::Tensor(),
-            return_predicted_tokens ? pred : at::Tensor()};
-  }
+                       bool return_token_accuracy, bool return_predicted_tokens,
+                       const std::optional<at::Tensor>& mean_denominator, bool defer_grad);
 
  private:
   using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
@@ -1407,16 +1389,140 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
                             const std::optional<at::Tensor>& weight, int64_t ignore_index,
                             double label_smoothing, c10::string_view reduction,
                             double lse_square_scale, std::optional<double> softcap,
-                            bool compute_grad, bool extras) {
+                            bool compute_grad, bool extras,
+                            const std::optional<at::Tensor>& mean_denominator) {
     static const auto op =
         detail::op<Forward(const at::Tensor&, const at::Tensor&,
                            const std::optional<at::Tensor>&, int64_t, double, c10::string_view,
-                           double, std::optional<double>, bool, bool)>(
-            "fk::_cross_entropy_forward");
+                           double, std::optional<double>, bool, bool,
+                           const std::optional<at::Tensor>&)>("fk::_cross_entropy_forward");
     return op.call(logits, target, weight, ignore_index, label_smoothing, reduction,
-                   lse_square_scale, softcap, compute_grad, extras);
+                   lse_square_scale, softcap, compute_grad, extras, mean_denominator);
   }
 };
+
+// defer_grad: the forward computes the losses and each row's logsumexp and keeps the logits
+// (unmodified); the backward computes the gradient times grad_output from them in one pass.
+// With grad_in_logits it goes into the logits' own memory (or the one contiguous copy of
+// them) in plain eager execution with the graph not retained and no higher-order graph (the
+// logits' version counter bumped, as in CrossEntropyFunction), else into a new buffer.
+class CrossEntropyDeferredFunction
+    : public torch::autograd::Function<CrossEntropyDeferredFunction> {
+ public:
+  static constexpr const char* kOp = "fk::cross_entropy";
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& logits,
+                               const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                               int64_t ignore_index, double label_smoothing,
+                               c10::string_view reduction, double lse_square_scale,
+                               std::optional<double> softcap, bool grad_in_logits, bool extras,
+                               const std::optional<at::Tensor>& mean_denominator) {
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    const at::Tensor x = logits.is_contiguous() ? logits : logits.contiguous();
+    static const auto op =
+        detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                              at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                          const std::optional<at::Tensor>&, int64_t, double,
+                                          c10::string_view, double, std::optional<double>, bool,
+                                          const std::optional<at::Tensor>&)>(
+            "fk::_cross_entropy_deferred_forward");
+    auto [loss, z, lse, den, acc, pred] =
+        op.call(x, target, weight, ignore_index, label_smoothing, reduction, lse_square_scale,
+                softcap, extras, mean_denominator);
+    ctx->save_for_backward({x, target, weight.value_or(at::Tensor()), lse, den});
+    ctx->saved_data["ignore_index"] = ignore_index;
+    ctx->saved_data["label_smoothing"] = label_smoothing;
+    ctx->saved_data["lse_square_scale"] = lse_square_scale;
+    ctx->saved_data["softcap"] = softcap;
+    // x is the caller's tensor: written into only where the caller allowed it.
+    ctx->saved_data["in_logits"] = grad_in_logits || !x.is_same(logits);
+    ctx->mark_non_differentiable(detail::defined({z, acc, pred}));
+    return detail::defined({loss, z, acc, pred});
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(11);
+    if (!grads[0].defined()) return out;
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor x = saved[0];
+    const at::Tensor& grad_loss = grads[0];
+    const auto weight = detail::optional(saved[2]);
+    const int64_t ignore_index = ctx->saved_data["ignore_index"].toInt();
+    const double label_smoothing = ctx->saved_data["label_smoothing"].toDouble();
+    const double lse_square_scale = ctx->saved_data["lse_square_scale"].toDouble();
+    const auto softcap = ctx->saved_data["softcap"].toOptional<double>();
+    static const auto backward_op =
+        detail::op<at::Tensor(const at::Tensor&, const at::Tensor&,
+                              const std::optional<at::Tensor>&, const at::Tensor&,
+                              const at::Tensor&, const at::Tensor&, int64_t, double, double,
+                              std::optional<double>)>("fk::_cross_entropy_deferred_backward");
+    if (at::GradMode::is_enabled()) {  // create_graph
+      at::Tensor g;
+      {
+        at::NoGradGuard no_grad;
+        at::AutoDispatchBelowADInplaceOrView guard;
+        g = backward_op.call(x, saved[1], weight, saved[3], saved[4], grad_loss, ignore_index,
+                             label_smoothing, lse_square_scale, softcap);
+      }
+      out[0] = detail::raise_when_differentiated(kOp, {g})[0];
+      return out;
+    }
+    at::AutoDispatchBelowADInplaceOrView guard;
+    if (ctx->saved_data["in_logits"].toBool() &&
+        !torch::autograd::get_current_graph_task_keep_graph() &&
+        detail::plain_eager({&x, &grad_loss})) {
+      static const auto in_place =
+          detail::op<void(at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                          const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                          double, double, std::optional<double>)>(
+              "fk::_cross_entropy_deferred_backward_");
+      in_place.call(x, saved[1], weight, saved[3], saved[4], grad_loss, ignore_index,
+                    label_smoothing, lse_square_scale, softcap);
+      detail::bump_version(x);
+      out[0] = x.detach();
+      return out;
+    }
+    out[0] = backward_op.call(x, saved[1], weight, saved[3], saved[4], grad_loss, ignore_index,
+                              label_smoothing, lse_square_scale, softcap);
+    return out;
+  }
+};
+
+inline CrossEntropyFunction::Result CrossEntropyFunction::kernel(
+    const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+    int64_t ignore_index, double label_smoothing, c10::string_view reduction,
+    double lse_square_scale, std::optional<double> softcap, bool grad_in_logits,
+    std::optional<at::ScalarType> loss_dtype, bool return_token_accuracy,
+    bool return_predicted_tokens, const std::optional<at::Tensor>& mean_denominator,
+    bool defer_grad) {
+  const auto dtype = detail::loss_output_dtype(kOp, logits, loss_dtype);
+  const bool extras = return_token_accuracy || return_predicted_tokens;
+  at::Tensor loss, z, acc, pred;
+  if (!at::GradMode::is_enabled() || !logits.requires_grad()) {
+    // No gradient wanted (class weights are not differentiated, as in torch): losses only.
+    at::AutoDispatchBelowADInplaceOrView guard;
+    std::tie(loss, z, std::ignore, acc, pred) =
+        forward_op(logits, target, weight, ignore_index, label_smoothing, reduction,
+                   lse_square_scale, softcap, false, extras, mean_denominator);
+  } else {
+    auto out = defer_grad
+                   ? CrossEntropyDeferredFunction::apply(
+                         logits, target, weight, ignore_index, label_smoothing, reduction,
+                         lse_square_scale, softcap, grad_in_logits, extras, mean_denominator)
+                   : apply(logits, target, weight, ignore_index, label_smoothing, reduction,
+                           lse_square_scale, softcap, grad_in_logits, extras,
+                           mean_denominator);
+    loss = out[0], z = out[1];
+    if (extras) {
+      acc = out[2];
+      pred = out[3];
+    }
+  }
+  // Rounded once to the output dtype; autograd casts grad_output back to float32.
+  return {loss.to(dtype), z.to(dtype), return_token_accuracy ? acc : at::Tensor(),
+          return_predicted_tokens ? pred : at::Tensor()};
+}
 
 // --- jsd: on fk::jsd (a kernel of its own, as in Python: the forward computes the gradient
 // with respect to the input; the target gets none) ------------------------------------------

@@ -113,22 +113,29 @@ struct CrossEntropyOutput {
 // cross_entropy with every output: the loss, the z-loss, and where asked for the token
 // accuracy and the predicted tokens (the argmax over the softcapped logits, the first
 // maximum as torch.argmax, from the forward's own pass; neither has a gradient).
+// mean_denominator (one element on the logits' device, reduction "mean" only): the sum of
+// the rows' losses is divided by it instead of by the count of non-ignored rows (Hugging
+// Face's num_items_in_batch), on the device. defer_grad: the gradient is computed in the
+// backward from the logits (kept unmodified until then) times grad_output, in one pass:
+// faster for a loss that is scaled before backward().
 inline CrossEntropyOutput cross_entropy_outputs(
     const at::Tensor& logits, const at::Tensor& target,
     const std::optional<at::Tensor>& weight = std::nullopt, int64_t ignore_index = -100,
     double label_smoothing = 0.0, const std::string& reduction = "mean",
     double lse_square_scale = 0.0, std::optional<double> softcap = std::nullopt,
     bool grad_in_logits = true, std::optional<at::ScalarType> loss_dtype = std::nullopt,
-    bool return_token_accuracy = false, bool return_predicted_tokens = false) {
+    bool return_token_accuracy = false, bool return_predicted_tokens = false,
+    const std::optional<at::Tensor>& mean_denominator = std::nullopt, bool defer_grad = false) {
   static const auto op =
       detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
           const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t,
           double, c10::string_view, double, std::optional<double>, bool,
-          std::optional<at::ScalarType>, bool, bool)>("fk::cross_entropy");
+          std::optional<at::ScalarType>, bool, bool, const std::optional<at::Tensor>&, bool)>(
+          "fk::cross_entropy");
   auto [loss, z, acc, pred] =
       op.call(logits, target, weight, ignore_index, label_smoothing, reduction,
               lse_square_scale, softcap, grad_in_logits, loss_dtype, return_token_accuracy,
-              return_predicted_tokens);
+              return_predicted_tokens, mean_denominator, defer_grad);
   return {loss, z, acc, pred};
 }
 

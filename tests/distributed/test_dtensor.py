@@ -52,7 +52,21 @@ CASES = {
     "swiglu:seq": 1, "swiglu:hidden": 2, "geglu:batch": 0,
     "cross_entropy:mean": 0, "cross_entropy:sum": 0, "cross_entropy:none": 0,
     "cross_entropy:vocab": 1, "cross_entropy:weighted": 0,
+    # defer_grad, and mean_denominator (a plain tensor of 5)
+    "cross_entropy:defer_mean": 0, "cross_entropy:defer_sum": 0, "cross_entropy:defer_none": 0,
+    "cross_entropy:mean_den": 0, "cross_entropy:defer_mean_den": 0,
 }
+
+MEAN_DENOMINATOR = 5.0
+
+
+def _ce_variant(variant):
+    """(reduction, defer_grad, mean_denominator or None, weighted) of a cross_entropy case."""
+    defer = variant.startswith("defer_")
+    base = variant[len("defer_"):] if defer else variant
+    den = MEAN_DENOMINATOR if base == "mean_den" else None
+    reduction = "mean" if base in ("vocab", "weighted", "mean_den") else base
+    return reduction, defer, den, base == "weighted"
 
 
 def _run_case(case, mesh):
@@ -98,10 +112,12 @@ def _run_case(case, mesh):
     else:
         leaves["logits"] = act(t["logits"])
         target = distribute_tensor(t["target"], mesh, [Shard(0)])
-        reduction = "mean" if variant in ("vocab", "weighted") else variant
-        weight = (distribute_tensor(t["weight"], mesh, [Replicate()]) if variant == "weighted"
-                  else None)
-        ys = [fk.cross_entropy(leaves["logits"], target, weight, reduction=reduction)]
+        reduction, defer, den, weighted = _ce_variant(variant)
+        weight = distribute_tensor(t["weight"], mesh, [Replicate()]) if weighted else None
+        if den is not None:
+            den = torch.tensor(den, device=t["logits"].device)
+        ys = [fk.cross_entropy(leaves["logits"], target, weight, reduction=reduction,
+                               mean_denominator=den, defer_grad=defer)]
         grads = [t["grad"] if reduction == "none" else torch.ones((), device=t["grad"].device)]
     out["placements"] = [str(tuple(y.placements)) for y in ys]
     out["y"] = [y.full_tensor() for y in ys]
@@ -250,9 +266,14 @@ def _reference(case):
     elif op == "geglu":
         ys, grads = [ref_geglu(leaves["a"], leaves["b"], "tanh")], [t["grad"]]
     else:
-        reduction = "mean" if variant in ("vocab", "weighted") else variant
-        weight = t["weight"] if variant == "weighted" else None
-        ys = [ref_cross_entropy(leaves["logits"], t["target"], weight, reduction=reduction)[0]]
+        reduction, _, den, weighted = _ce_variant(variant)
+        weight = t["weight"] if weighted else None
+        if den is None:
+            ys = [ref_cross_entropy(leaves["logits"], t["target"], weight,
+                                    reduction=reduction)[0]]
+        else:
+            ys = [ref_cross_entropy(leaves["logits"], t["target"], weight, reduction="sum")[0]
+                  / den]
         grads = [t["grad"] if reduction == "none" else torch.tensor(1.0, dtype=torch.float64)]
     torch.autograd.backward(ys, grads)
     return [y.detach() for y in ys], {n: v.grad for n, v in leaves.items()}
@@ -275,6 +296,11 @@ OUT_PLACEMENTS = {
     "geglu:batch": ["(Shard(dim=0),)"],
     "cross_entropy:mean": ["(Replicate(),)"], "cross_entropy:sum": ["(Partial(sum),)"],
     "cross_entropy:none": ["(Shard(dim=0),)"],
+    "cross_entropy:defer_mean": ["(Replicate(),)"],
+    "cross_entropy:defer_sum": ["(Partial(sum),)"],
+    "cross_entropy:defer_none": ["(Shard(dim=0),)"],
+    "cross_entropy:mean_den": ["(Replicate(),)"],
+    "cross_entropy:defer_mean_den": ["(Replicate(),)"],
     # class weights: the mean is computed on replicated rows (the logits gathered)
     "cross_entropy:weighted": ["(Replicate(),)"],
 }

@@ -77,21 +77,28 @@ class _ClusterSums:
                      for k in range(len(values)) for j in range(chunks))
 
 
+def _run_den_kernel(mod, t, wt, v, kw):
+    """(D_w, D_n): ones unless the reduction is "mean", else from the den kernel."""
+    if kw["reduction"] != "mean":
+        return torch.ones(2)
+    den = torch.zeros(2)  # the programs add into it
+    mod.cross_entropy_den_kernel[(2,)](t, wt, den, t.shape[0], v, -100,
+                                       int(kw["weight"] is not None), BLOCK=4, PER_SM=1)
+    return den
+
+
 def _run_fwd_kernel(mod, x, t, w, kw, block, general, grid, in_place, write_grad=True,
-                    chunks=1, pred=None, token_scaling=False):
+                    chunks=1, pred=None, token_scaling=False, lse=None):
     """grid: programs (chunks == 1) or rows at once (chunks > 1: chunks programs a row).
     With chunks > 1 the cluster exchange is emulated (_ClusterSums) and the kernel runs
     twice, the first time without the gradient: the first launch leaves every chunk's sums
     behind, and the second, which keeps them again identically, finds them all. With `pred`
     (an (n,) int64 buffer) the EXTRA variant runs: it writes the predictions there and
-    scales the rows with token_scaling."""
+    scales the rows with token_scaling. With `lse` (an (n,) float32 buffer) each row's
+    logsumexp is written there (write_lse)."""
     n, v = x.shape
     wt = (w if kw["weight"] is not None else torch.zeros(1)).float()
-    den = torch.ones(2)  # (D_w, D_n): ones unless the reduction is "mean"
-    if kw["reduction"] == "mean":
-        den = torch.zeros(2)  # the programs add into it
-        mod.cross_entropy_den_kernel[(2,)](t, wt, den, n, v, -100, int(kw["weight"] is not None),
-                                           BLOCK=4, PER_SM=1)
+    den = _run_den_kernel(mod, t, wt, v, kw)
     loss, z = torch.full((n,), float("nan")), torch.full((n,), float("nan"))
     grad = x if in_place else torch.full_like(x, float("nan"))
     cap = kw["softcap"]
@@ -100,7 +107,8 @@ def _run_fwd_kernel(mod, x, t, w, kw, block, general, grid, in_place, write_grad
             x, grad, t, wt, den, loss, z, v, v, n, v, -100, kw["label_smoothing"],
             kw["lse_square_scale"], cap or 1.0, int(kw["weight"] is not None),
             int(cap is not None), wg, t if pred is None else pred, int(token_scaling),
-            BLOCK=block, GENERAL=general, PER_SM=1, CHUNKS=chunks, EXTRA=int(pred is not None))
+            loss if lse is None else lse, int(lse is not None), BLOCK=block, GENERAL=general,
+            PER_SM=1, CHUNKS=chunks, EXTRA=int(pred is not None))
     if kw["reduction"] != "none":
         loss, z = loss.sum(), z.sum()
     return loss, z, grad
@@ -278,6 +286,97 @@ def test_interpreter_scale(dtype):
         inp = src.clone()
         scale(inp, g, inp, True)
         assert torch.equal(inp, ref)
+
+
+def _run_bwd_kernel(mod, x, t, w, kw, lse, den, g_out, block, general, programs, in_place):
+    """The deferred backward: the gradient of the loss times g_out (a scalar, or (n,)) from
+    the logits x, each row's lse and den, into x itself or a new (NaN-filled) tensor."""
+    n, v = x.shape
+    has_w = kw["weight"] is not None
+    wt = (w if has_w else torch.zeros(1)).float()
+    grad = x if in_place else torch.full_like(x, float("nan"))
+    cap = kw["softcap"]
+    mod.cross_entropy_bwd_kernel[(programs,)](
+        x, grad, t, wt, den, lse, g_out.float(), wt.sum().reshape(1),
+        0 if g_out.dim() == 0 else 1, v, v, n, v, -100, kw["label_smoothing"],
+        kw["lse_square_scale"], cap or 1.0, int(has_w), int(cap is not None), BLOCK=block,
+        GENERAL=general, PER_SM=1)
+    return grad
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("option,reduction", [("plain", "mean"), ("zloss", "none"),
+                                              ("weight", "mean"), ("smooth", "sum"),
+                                              ("softcap", "none"), ("weight_smooth_z", "mean"),
+                                              ("all", "mean"), ("all", "none")])
+def test_interpreter_deferred_backward(dtype, option, reduction):
+    """The forward without the gradient writes each row's logsumexp (write_lse; 0 for
+    ignored rows); the backward kernel then computes the gradient times grad_output in one
+    pass over tiles of the rows (tiles on and off row ends, fewer programs than tiles), in
+    place and out of place: the reference's gradient, a zero row where ignored."""
+    mod = load_triton_src("cross_entropy")
+    n, v = 7, 100
+    general = int(option not in ("plain", "zloss"))
+    x, t, w = _inputs(n, v, dtype, ignore=(1, 4))
+    t[2], t[3] = 0, v - 1
+    kw = _kwargs(option, w, reduction)
+    ref_loss, ref_z = ref_cross_entropy(x, t, **kw)
+    lse = torch.full((n,), float("nan"))
+    x_in = x.clone()
+    loss, z, _ = _run_fwd_kernel(mod, x_in, t, w, kw, 32, general, 3, True, write_grad=False,
+                                 lse=lse)
+    assert torch.equal(x_in, x)  # no gradient written
+    assert_close(loss, ref_loss, torch.float32, factor=2, what="loss")
+    assert_close(z, ref_z, torch.float32, factor=2, what="z")
+    xc = x.double() if kw["softcap"] is None else kw["softcap"] * torch.tanh(
+        x.double() / kw["softcap"])
+    keep = t != -100
+    assert_close(lse[keep], torch.logsumexp(xc, -1)[keep].float(), torch.float32, what="lse")
+    assert torch.equal(lse[~keep], torch.zeros(2))
+    wt = (w if kw["weight"] is not None else torch.zeros(1)).float()
+    den = _run_den_kernel(mod, t, wt, v, kw)
+    gen = torch.Generator().manual_seed(4)
+    outs = [torch.tensor(1.0), torch.tensor(1 / 7)] if reduction != "none" else [
+        torch.rand(n, generator=gen) - 0.25, torch.ones(n)]
+    for g_out in outs:
+        ref_g = _ref_grad(x, t, kw, g_out.double())
+        for block, programs, in_place in ((32, 5, True), (128, n, False), (16, 1, False)):
+            grad = _run_bwd_kernel(mod, x.clone(), t, w, kw, lse, den, g_out, block, general,
+                                   programs, in_place)
+            assert_close(grad, round_toward_zero(ref_g.float(), dtype), dtype, factor=2,
+                         what=f"grad, block {block}, grad_output {g_out}")
+            assert torch.equal(grad[1], torch.zeros(v, dtype=dtype))  # ignored row
+
+
+def test_interpreter_deferred_backward_bad_target_is_nan():
+    """A target outside [0, V) that is not ignored: a NaN gradient row (as the forward's)."""
+    mod = load_triton_src("cross_entropy")
+    x, t, w = _inputs(5, 40)
+    t[3] = 40
+    for option, general in (("plain", 0), ("weight", 1)):
+        kw = _kwargs(option, w, "none")
+        lse = torch.logsumexp(x, -1)
+        grad = _run_bwd_kernel(mod, x.clone(), t, w, kw, lse, torch.ones(2), torch.ones(5), 16,
+                               general, 3, False)
+        assert torch.isnan(grad[3]).all() and not torch.isnan(grad[[0, 1, 2, 4]]).any()
+
+
+def test_variants_cover_every_dtype_and_flag():
+    """The deferred backward has one variant per dtype, alignment and GENERAL flag (the C++
+    launcher picks by those, any block), on every arch; the forward keeps one per dtype,
+    flags and bucket."""
+    mod = load_triton_src("cross_entropy")
+    for arch in (80, 90, 100, 120):
+        variants = mod.variants(arch)
+        bwd = [(v.dtype, v.flags) for v in variants if v.family == "cross_entropy_bwd"]
+        fwd = {(v.dtype, v.flags, v.block) for v in variants if v.family == "cross_entropy_fwd"}
+        aligned, general = mod.FLAG_ALIGNED, mod.FLAG_GENERAL
+        for dt in ("fp32", "bf16", "fp16"):
+            for flags in (0, aligned, general, aligned | general):
+                assert bwd.count((dt, flags)) == 1, (arch, dt, flags)
+                for extra in (0, mod.FLAG_EXTRA):
+                    for bucket in (mod.SMALL, mod.LARGE):
+                        assert (dt, flags | extra, bucket) in fwd, (arch, dt, flags, extra)
 
 
 # --- level 2: the CPU backend against the reference --------------------------------------
@@ -547,6 +646,12 @@ def test_module():
     z = fk.nn.CrossEntropyLoss(lse_square_scale=1e-3, softcap=30.0)
     assert_close(z(x, t), ref_cross_entropy(x, t, lse_square_scale=1e-3, softcap=30.0)[0],
                  torch.float32)
+    d = fk.nn.CrossEntropyLoss(weight=w, label_smoothing=0.1, defer_grad=True)
+    assert "defer_grad=True" in repr(d)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (d(xa * 1, t) / 3).backward()
+    (torch.nn.CrossEntropyLoss(weight=w, label_smoothing=0.1)(xb, t) / 3).backward()
+    assert_close(xa.grad, xb.grad, torch.float32, factor=2)
 
 
 # --- the gradient-in-logits contract -----------------------------------------------------
@@ -633,6 +738,282 @@ def test_double_backward_is_a_clear_error():
     assert_close(g, _ref_grad(x, t, dict(), torch.tensor(1.0)), torch.float32, factor=2)
     with pytest.raises(RuntimeError, match="differentiate twice"):
         g.pow(2).sum().backward()
+
+
+# --- mean_denominator and defer_grad ------------------------------------------------------
+
+def _grad_outputs(shape, seed=7):
+    """grad_output 1, 1 / 7 (a loss divided for gradient accumulation) and random values
+    (per row for "none"), in float32."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.ones(shape), torch.full(shape, 1 / 7),
+            torch.rand(shape, generator=g) * 3 - 1]
+
+
+def _ref_sum_over(x, t, kw, den):
+    """(loss, z) of the reference's "sum" divided by den, and its float64 gradient function
+    of grad_output: what reduction "mean" with mean_denominator=den computes."""
+    kw_sum = dict(kw, reduction="sum")
+    loss, z = ref_cross_entropy(x, t, **kw_sum)
+    return loss / den, z / den, lambda g: _ref_grad(x, t, kw_sum, g.double() / den)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + (torch.float64,))
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("defer", [False, True])
+def test_cpu_mean_denominator(dtype, option, defer):
+    """reduction="mean" with mean_denominator: the reference's sum (losses and z-losses)
+    divided by it, for a float tensor, an int64 tensor, a Python number and an int; the
+    gradient that of the divided sum, times grad_output."""
+    n, v = 9, 130
+    x, t, w = _inputs(n, v, dtype, ignore=(1, 7))
+    kw = _kwargs(option, w, "mean")
+    loss_dtype = torch.float64 if dtype == torch.float64 else F32
+    for den in (torch.tensor(23.0), torch.tensor(5, dtype=torch.int64), 3.5, 40):
+        d = float(den)
+        ref_loss, ref_z, ref_g = _ref_sum_over(x, t, kw, d)
+        for g_out in _grad_outputs(()):
+            xa = x.clone().requires_grad_()
+            loss, z = fk.cross_entropy(xa, t, return_z_loss=True, loss_dtype=loss_dtype,
+                                       mean_denominator=den, defer_grad=defer, **kw)
+            assert loss.shape == () and not z.requires_grad
+            assert_close(loss, ref_loss, loss_dtype, factor=2, what=f"loss, den {den}")
+            assert_close(z, ref_z, loss_dtype, factor=2, what=f"z, den {den}")
+            loss.backward(g_out.to(loss_dtype))
+            assert_close(xa.grad, ref_g(g_out), dtype, factor=3, rounding=2,
+                         what=f"grad, den {den}, grad_output {g_out}")
+        with torch.no_grad():  # the forward alone (the op below autograd)
+            assert_close(fk.cross_entropy(x, t, loss_dtype=loss_dtype, mean_denominator=den,
+                                          **kw), ref_loss, loss_dtype, factor=2)
+
+
+def test_mean_denominator_is_the_divided_sum():
+    """mean_denominator=n is cross_entropy(reduction="sum") / n (the loss to rounding, the
+    gradient too), without a scaling pass in the backward: the in-logits gradient of a
+    plain loss.backward() is the forward's; the denominator gets no gradient."""
+    x, t, w = _inputs(12, 50, ignore=(0, 3))
+    for kw in (dict(), dict(weight=w, label_smoothing=0.1, lse_square_scale=1e-3)):
+        den = torch.tensor(17.0, requires_grad=True)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        loss = fk.cross_entropy(xa, t, mean_denominator=den, **kw)
+        ref = fk.cross_entropy(xb, t, reduction="sum", **kw) / den.detach()
+        assert_close(loss, ref, F32)
+        ptr = xa.data_ptr()
+        loss.backward()
+        ref.backward()
+        assert xa.grad.data_ptr() == ptr
+        assert_close(xa.grad, xb.grad, F32, factor=2)
+        assert den.grad is None
+
+
+def test_mean_denominator_edge_cases():
+    """No rows: 0 (the sum of nothing); every row ignored: 0 (where the count would be
+    0 / 0); a denominator of any shape of one element; with extra outputs (the accuracy is
+    not affected)."""
+    e = torch.empty(0, 5, requires_grad=True)
+    te = torch.empty(0, dtype=torch.long)
+    for defer in (False, True):
+        loss = fk.cross_entropy(e, te, mean_denominator=4.0, defer_grad=defer)
+        assert loss.item() == 0
+        loss.backward()
+        assert e.grad.shape == (0, 5)
+        e.grad = None
+    x, t, _ = _inputs(4, 10, ignore=range(4))
+    assert fk.cross_entropy(x, t, mean_denominator=3).item() == 0
+    x, t, _ = _inputs(6, 10, ignore=(2,))
+    ref = fk.cross_entropy(x, t, reduction="sum") / 9
+    for den in (torch.tensor([9.0]), torch.tensor([[9]], dtype=torch.int32),
+                torch.tensor(9.0, dtype=torch.bfloat16)):
+        assert_close(fk.cross_entropy(x, t, mean_denominator=den), ref, F32)
+    out = fk.cross_entropy(x, t, mean_denominator=9, return_token_accuracy=True)
+    assert_close(out.loss, ref, F32)
+    assert torch.equal(out.token_accuracy, fk.cross_entropy(x, t, return_token_accuracy=True)
+                       .token_accuracy)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + (torch.float64,))
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_cpu_defer_grad(dtype, option, reduction):
+    """defer_grad: the same losses as the default (the same forward), the gradient of the
+    reference times grad_output (1, 1 / 7, random; per row for "none") rounded once, and
+    the default's gradient within rounding; in place (the logits' memory) and not."""
+    n, v = 9, 130
+    x, t, w = _inputs(n, v, dtype, ignore=(1, 7))
+    kw = _kwargs(option, w, reduction)
+    loss_dtype = torch.float64 if dtype == torch.float64 else F32
+    shape = (n,) if reduction == "none" else ()
+    for g_out in _grad_outputs(shape):
+        g_out = g_out.to(loss_dtype)
+        ref_g = _ref_grad(x, t, kw, g_out)
+        grads = []
+        for defer, in_logits in ((False, True), (True, True), (True, False)):
+            xa = x.clone().requires_grad_()
+            logits = xa * 1
+            loss, z = fk.cross_entropy(logits, t, return_z_loss=True, loss_dtype=loss_dtype,
+                                       defer_grad=defer, grad_in_logits=in_logits, **kw)
+            if defer:
+                assert torch.equal(logits.detach(), x)  # the forward leaves the logits
+            loss.backward(g_out)
+            grads.append((loss.detach(), z, xa.grad))
+            if defer:
+                # in the logits' memory with grad_in_logits, else a new buffer
+                assert torch.equal(logits.detach(), x) != in_logits
+                # rounded once: as close as the rounded reference
+                assert_close(xa.grad, ref_g, dtype, factor=2, rounding=1,
+                             what=f"grad, in_logits={in_logits}, grad_output {g_out}")
+        (l0, z0, g0), (l1, z1, g1), (l2, z2, g2) = grads
+        assert torch.equal(l0, l1) and torch.equal(l1, l2)
+        assert torch.equal(z0, z1) and torch.equal(z1, z2)
+        assert torch.equal(g1, g2)
+        assert_close(g1, g0, dtype, factor=3, rounding=2)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_defer_grad_extra_outputs(reduction):
+    """The token accuracy and predicted tokens come from the deferred forward too."""
+    x, t, w = _inputs(10, 60, ignore=(1,))
+    x = _with_ties(x)
+    kw = _kwargs("all", w, reduction)
+    ref_acc, ref_pred = ref_token_accuracy(x, t, reduction=reduction, softcap=kw["softcap"])
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = fk.cross_entropy(xa * 1, t, return_token_accuracy=True, return_predicted_tokens=True,
+                           defer_grad=True, **kw)
+    assert torch.equal(out.predicted_tokens, ref_pred)
+    assert_close(out.token_accuracy, ref_acc, F32)
+    assert not out.token_accuracy.requires_grad
+    plain = fk.cross_entropy(xb * 1, t, **kw)
+    assert torch.equal(out.loss.detach(), plain.detach())
+    g = torch.rand(plain.shape) + 0.5
+    out.loss.backward(g)
+    plain.backward(g)
+    assert_close(xa.grad, xb.grad, F32, factor=2)
+
+
+def test_defer_grad_contract():
+    """The deferred gradient in the logits' memory: an intermediate holds it after the
+    backward (its version bumped), a leaf's .grad reuses its memory, non-contiguous logits
+    are copied and never written, a write into the logits before the backward and a later
+    read of them by another op's backward raise, retain_graph keeps them, and only the
+    loss's grad_output counts."""
+    x, t, _ = _inputs(6, 40)
+    ref_g = _ref_grad(x, t, dict(), torch.tensor(0.5)).float()
+    h = x.clone().requires_grad_()
+    logits = h * 1
+    loss = fk.cross_entropy(logits, t, defer_grad=True)
+    v0 = logits._version
+    (loss / 2).backward()
+    assert logits._version > v0
+    assert_close(logits.detach(), ref_g, F32, factor=2)
+    assert_close(h.grad, ref_g, F32, factor=2)
+    xa = x.clone().requires_grad_()
+    ptr = xa.data_ptr()
+    (fk.cross_entropy(xa, t, defer_grad=True) * 0.5).backward()
+    assert xa.grad.data_ptr() == ptr
+    assert_close(xa.grad, ref_g, F32, factor=2)
+    xt = x.t().contiguous().t().requires_grad_()
+    (fk.cross_entropy(xt, t, defer_grad=True) / 2).backward()
+    assert torch.equal(xt.detach(), x)
+    assert_close(xt.grad, ref_g, F32, factor=2)
+    # written before the backward: the saved logits are checked
+    logits = x.clone().requires_grad_() * 1
+    loss = fk.cross_entropy(logits, t, defer_grad=True)
+    logits.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    # read by another op's backward after this one's: raises instead of reading gradients
+    h = x.clone().requires_grad_()
+    logits = h * 2
+    side = logits.sin()  # saves logits; its backward runs after the loss's here
+    loss = fk.cross_entropy(logits, t, defer_grad=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (loss + side.sum()).backward()
+    # retain_graph: twice the same gradient
+    xa = x.clone().requires_grad_()
+    loss = fk.cross_entropy(xa * 1, t, defer_grad=True)
+    loss.backward(torch.tensor(0.5), retain_graph=True)
+    first = xa.grad.clone()
+    loss.backward(torch.tensor(0.5))
+    assert_close(first, ref_g, F32, factor=2)
+    assert_close(xa.grad, 2 * first, F32)
+    # no gradient through the z-loss output
+    xa = x.clone().requires_grad_()
+    loss, z = fk.cross_entropy(xa * 1, t, lse_square_scale=1e-2, return_z_loss=True,
+                               defer_grad=True)
+    assert not z.requires_grad
+    # double backward raises
+    xa = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(fk.cross_entropy(xa * 1, t, defer_grad=True) / 2, xa,
+                               create_graph=True)
+    assert_close(g, ref_g, F32, factor=2)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        g.pow(2).sum().backward()
+
+
+def test_defer_grad_other_grad_output_paths():
+    """No grad wanted: the losses only (defer_grad has no effect); a backward through the
+    z-loss only: no gradient."""
+    x, t, _ = _inputs(5, 20)
+    with torch.no_grad():
+        assert torch.equal(fk.cross_entropy(x, t, defer_grad=True), fk.cross_entropy(x, t))
+    xa = x.clone().requires_grad_()
+    out = fk.cross_entropy(xa * 1, t, defer_grad=True, return_token_accuracy=True)
+    assert out.token_accuracy.grad_fn is None
+
+
+_BAD_DENOMINATOR = [
+    ("two elements", dict(mean_denominator=lambda d: torch.ones(2, device=d)),
+     "mean_denominator must have one element"),
+    ("empty", dict(mean_denominator=lambda d: torch.ones(0, device=d)),
+     "mean_denominator must have one element"),
+    ("bool", dict(mean_denominator=lambda d: torch.ones((), dtype=torch.bool, device=d)),
+     "mean_denominator must be float32, float64"),
+    ("sum", dict(mean_denominator=lambda d: torch.ones((), device=d), reduction="sum"),
+     "mean_denominator is only used with reduction='mean'"),
+    ("none", dict(mean_denominator=lambda d: torch.ones((), device=d), reduction="none"),
+     "mean_denominator is only used with reduction='mean'"),
+]
+
+
+@pytest.mark.parametrize("name,over,msg", _BAD_DENOMINATOR, ids=[b[0] for b in _BAD_DENOMINATOR])
+def test_bad_mean_denominator_cpu_and_meta_agree(name, over, msg):
+    """The same message from the C++ check and the fake kernel, through the op below
+    autograd, with a gradient wanted, deferred or not, and from the internal ops."""
+    def call(d, requires_grad=False, defer=False):
+        kw = {k: (v(d) if callable(v) else v) for k, v in over.items()}
+        x = torch.ones(3, 5, device=d, requires_grad=requires_grad)
+        t = torch.zeros(3, dtype=torch.long, device=d)
+        return fk.cross_entropy(x * 1, t, defer_grad=defer, **kw)
+
+    for rg, defer in ((False, False), (True, False), (True, True)):
+        cpu, meta = error_lines(lambda d: call(d, rg, defer), ("cpu", "meta"), msg)
+        assert cpu == meta and cpu.startswith("fk::cross_entropy: "), (rg, defer)
+    with pytest.raises(RuntimeError, match="must be on the same device"):
+        fk.cross_entropy(torch.ones(2, 4), torch.zeros(2, dtype=torch.long),
+                         mean_denominator=torch.ones((), device="meta"))
+
+
+def test_bad_deferred_backward_inputs_cpu_and_meta_agree():
+    x, t, _ = _inputs(3, 5)
+    lse, den, g = torch.zeros(3), torch.ones(2), torch.tensor(1.0)
+    cases = [(dict(lse=torch.zeros(4)), "lse must be Float of shape \\(3,\\)"),
+             (dict(lse=torch.zeros(3, dtype=torch.float64)), "lse must be Float"),
+             (dict(den=torch.ones(3)), "den must be Float of shape \\(2,\\)"),
+             (dict(grad_loss=torch.ones(2)), "grad_loss must be a scalar or have shape"),
+             (dict(grad_loss=torch.tensor(1.0, dtype=torch.float64)), "grad_loss must be Float"),
+             (dict(t=torch.zeros(2, dtype=torch.long)), "target must have shape")]
+    for over, msg in cases:
+        def call(d, inplace, over=over):
+            a = dict(x=x, t=t, lse=lse, den=den, grad_loss=g)
+            a.update(over)
+            a = {k: v.to(d) for k, v in a.items()}
+            op = (torch.ops.fk._cross_entropy_deferred_backward_ if inplace
+                  else torch.ops.fk._cross_entropy_deferred_backward)
+            return op(a["x"], a["t"], None, a["lse"], a["den"], a["grad_loss"], -100, 0.0, 0.0,
+                      None)
+        for inplace in (False, True):
+            cpu, meta = error_lines(lambda d: call(d, inplace), ("cpu", "meta"), msg)
+            assert cpu == meta, over
 
 
 # --- bad input -----------------------------------------------------------------------------
@@ -724,6 +1105,78 @@ def test_opcheck():
                           test_utils=internal)
 
 
+@pytest.mark.parametrize("option", ["plain", "all"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("in_logits", [True, False])
+def test_gradcheck_defer_grad(option, reduction, in_logits):
+    x, t, w = _inputs(4, 7, torch.float64, ignore=(2,))
+    kw = _kwargs(option, w.double(), reduction)
+    if reduction == "mean":
+        kw["mean_denominator"] = torch.tensor(2.5, dtype=torch.float64)
+    x.requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda x: fk.cross_entropy(x * 1, t, grad_in_logits=in_logits, defer_grad=True, **kw),
+        (x,))
+
+
+def test_opcheck_mean_denominator_and_defer_grad():
+    x, t, w = _inputs(5, 11, ignore=(1,))
+    den = torch.tensor(7.0)
+    for args in ((x.clone().requires_grad_(), t, w, -100, 0.1, "mean", 1e-3, 5.0, False, None,
+                  False, False, den, False),
+                 (x.clone().requires_grad_(), t, w, -100, 0.1, "mean", 1e-3, 5.0, False, None,
+                  True, True, den, True),
+                 (x.clone().requires_grad_(), t, None, -100, 0.0, "none", 0.0, None, False,
+                  torch.float32, False, False, None, True),
+                 (x.clone().requires_grad_(), t, None, -100, 0.0, "sum", 0.0, None, True,
+                  None, False, False, None, True),
+                 (x.clone(), t, None, -100, 0.0, "mean", 0.0, None, True, None, False, False,
+                  torch.tensor(3, dtype=torch.int64), False)):
+        torch.library.opcheck(torch.ops.fk.cross_entropy, args)
+    internal = ("test_schema", "test_faketensor")
+    for extras in (False, True):
+        torch.library.opcheck(torch.ops.fk._cross_entropy_forward,
+                              (x, t, w, -100, 0.0, "mean", 0.0, None, True, extras, den),
+                              test_utils=internal + ("test_aot_dispatch_dynamic",))
+        torch.library.opcheck(torch.ops.fk._cross_entropy_forward_,
+                              (x.clone(), t, None, -100, 0.0, "mean", 0.0, 2.0, extras, den),
+                              test_utils=internal)
+        for reduction, d in (("mean", den), ("mean", None), ("none", None)):
+            torch.library.opcheck(torch.ops.fk._cross_entropy_deferred_forward,
+                                  (x, t, w, -100, 0.1, reduction, 1e-3, 3.0, extras, d),
+                                  test_utils=internal + ("test_aot_dispatch_dynamic",))
+    loss, _, lse, dn, _, _ = torch.ops.fk._cross_entropy_deferred_forward(
+        x, t, w, -100, 0.1, "none", 1e-3, 3.0, False)
+    for g in (torch.tensor(2.0), torch.rand(5)):
+        bw = (t, w, lse, dn, g, -100, 0.1, 1e-3, 3.0)
+        torch.library.opcheck(torch.ops.fk._cross_entropy_deferred_backward, (x,) + bw,
+                              test_utils=internal + ("test_aot_dispatch_dynamic",))
+        torch.library.opcheck(torch.ops.fk._cross_entropy_deferred_backward_, (x.clone(),) + bw,
+                              test_utils=internal)
+
+
+def test_torch_compile_mean_denominator_and_defer_grad():
+    def step(h, w, t, den):
+        return fk.cross_entropy(h @ w, t, lse_square_scale=1e-4, mean_denominator=den,
+                                defer_grad=True) / 3
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    for rows in (6, 11):
+        h, w = randn(rows, 16, seed=rows).requires_grad_(), randn(16, 40, seed=1).requires_grad_()
+        t = torch.randint(0, 40, (rows,))
+        t[0] = -100
+        den = torch.tensor(float(rows + 2))
+        h2, w2 = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        out = compiled(h, w, t, den)
+        ref = fk.cross_entropy(h2 @ w2, t, lse_square_scale=1e-4, reduction="sum") / den / 3
+        assert_close(out, ref, torch.float32, factor=10)
+        out.backward()
+        ref.backward()
+        assert_close(h.grad, h2.grad, torch.float32, factor=10)
+        assert_close(w.grad, w2.grad, torch.float32, factor=10)
+
+
 def test_grad_in_logits_under_opcheck_autograd():
     # Under tracing / dispatch modes the forward uses a separate buffer, so even the default
     # passes every opcheck test (the eager calls write into the intermediate clones).
@@ -790,7 +1243,7 @@ def test_torchscript_module(tmp_path):
             super().__init__()
             self.proj = torch.nn.Linear(8, 20)
             self.loss = fk.nn.CrossEntropyLoss(label_smoothing=0.1, lse_square_scale=1e-3)
-            self.capped = fk.nn.CrossEntropyLoss(softcap=5.0, reduction="sum")
+            self.capped = fk.nn.CrossEntropyLoss(softcap=5.0, reduction="sum", defer_grad=True)
 
         def forward(self, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             # The JIT may merge the two identical projections into one tensor: the module
@@ -1022,9 +1475,9 @@ g = torch.Generator(device="cuda").manual_seed(0)
 t = torch.randint(0, 1000, (300,), device="cuda", generator=g)
 t[::5] = -100
 t[123] = bad
-if op == "ce":
+if op in ("ce", "ce_defer"):
     x = torch.randn(300, 1000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    loss = fk.cross_entropy(x * 1, t, reduction=reduction)
+    loss = fk.cross_entropy(x * 1, t, reduction=reduction, defer_grad=op == "ce_defer")
 else:
     x = torch.randn(300, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(1000, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -1035,7 +1488,7 @@ print("NO ERROR", loss.float().sum().item())
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("op", ["ce", "flce"])
+@pytest.mark.parametrize("op", ["ce", "ce_defer", "flce"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_cuda_bad_target_is_a_device_assert(op, reduction):
     """An out-of-range target raises through a device-side assert (no host synchronisation
@@ -1118,7 +1571,10 @@ def test_cuda_graph_capture():
 
 
 @pytest.mark.cuda
-def test_cuda_grad_in_logits_saves_memory():
+@pytest.mark.parametrize("defer", [False, True])
+def test_cuda_grad_in_logits_saves_memory(defer):
+    """No second logits-sized buffer with grad_in_logits: with defer_grad the gradient goes
+    into the logits' memory in the backward, here of a scaled loss."""
     n, v = 2048, 32000
     size = n * v * 2
 
@@ -1130,9 +1586,9 @@ def test_cuda_grad_in_logits_saves_memory():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        loss = fk.cross_entropy(logits, t, grad_in_logits=in_logits)
+        loss = fk.cross_entropy(logits, t, grad_in_logits=in_logits, defer_grad=defer)
         del logits
-        loss.backward()
+        (loss / 7 if defer else loss).backward()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
 
@@ -1170,5 +1626,134 @@ def test_cuda_more_than_2_31_elements():
                      factor=2)
         assert_close(xa.grad[rows], _ref_grad(xs, ts, dict(reduction="none"), torch.ones(2)),
                      torch.bfloat16, factor=3)
+    del x, xa, loss
+    torch.cuda.empty_cache()
+
+
+# --- level 5: mean_denominator and defer_grad on CUDA --------------------------------------
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("v", [1, 7, 1000, 1025, 4097, 50257, 128256])
+@pytest.mark.parametrize("option", ["plain", "zloss", "weight_smooth_z", "softcap", "all"])
+def test_cuda_defer_grad_matches_reference(dtype, v, option):
+    """The deferred backward kernel (plain and general, aligned and misaligned logits,
+    rows of one and several tiles): the reference's gradient times grad_output (1 / 7,
+    random per row; NaN-poisoned outputs), and the default path's gradient within rounding;
+    the losses equal to the default path's; extra outputs from the deferred forward."""
+    n = 37 if v <= 4097 else 9
+    for reduction in REDUCTIONS:
+        x, t, w = _inputs(n, v, dtype, "cuda", ignore=(1, 5), seed=v)
+        kw = _kwargs(option, w, reduction)
+        cpu_kw = {k: (a.cpu() if isinstance(a, torch.Tensor) else a) for k, a in kw.items()}
+        ref_loss, _ = ref_cross_entropy(x.cpu(), t.cpu(), **cpu_kw)
+        if reduction == "none":
+            g_out = torch.rand(n, device="cuda") * 2 - 0.5
+        else:
+            g_out = torch.tensor(1 / 7, device="cuda")
+        ref_g = _ref_grad(x.cpu(), t.cpu(), cpu_kw, g_out.cpu())
+        for make, in_logits in ((lambda a: a.clone(), True), (misaligned, True),
+                                (lambda a: a.clone(), False)):
+            poison_cuda_cache()
+            xa = make(x).requires_grad_()  # the logits themselves (a misaligned one too)
+            out = fk.cross_entropy(xa, t, loss_dtype=F32, defer_grad=True,
+                                   grad_in_logits=in_logits, return_predicted_tokens=True, **kw)
+            assert_close(out.loss, ref_loss, F32, factor=2, what="loss")
+            out.loss.backward(g_out)
+            assert not torch.isnan(xa.grad).any(), "unwritten gradient elements"
+            assert_close(xa.grad, ref_g, dtype, factor=2, rounding=1, what="deferred grad")
+        assert torch.equal(out.predicted_tokens.cpu(),
+                           ref_token_accuracy(x.cpu(), t.cpu(), softcap=kw["softcap"])[1])
+        xb = x.clone().requires_grad_()
+        loss_b = fk.cross_entropy(xb * 1, t, loss_dtype=F32, **kw)
+        assert torch.equal(loss_b, out.loss.detach())
+        loss_b.backward(g_out)
+        assert_close(xa.grad, xb.grad, dtype, factor=3, rounding=2, what="deferred vs default")
+        assert torch.equal(xa.grad[1].cpu(), torch.zeros(v, dtype=dtype))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_mean_denominator(dtype):
+    """mean_denominator as a CUDA float tensor, an int64 tensor and a number: the
+    reference's sum divided by it, deferred or not; the gradient of a plain backward in the
+    logits' memory without a scaling pass (the forward's, for a grad_output of 1)."""
+    n, v = 300, 32000
+    x, t, w = _inputs(n, v, dtype, "cuda", ignore=range(0, n, 9), seed=3)
+    for option in ("plain", "all"):
+        kw = _kwargs(option, w, "mean")
+        cpu_kw = {k: (a.cpu() if isinstance(a, torch.Tensor) else a) for k, a in kw.items()}
+        for den in (torch.tensor(123.0, device="cuda"),
+                    torch.tensor(77, dtype=torch.int64, device="cuda"), 250):
+            ref_loss, ref_z, ref_g = _ref_sum_over(x.cpu(), t.cpu(), cpu_kw, float(den))
+            for defer in (False, True):
+                xa = x.clone().requires_grad_()
+                loss, z = fk.cross_entropy(xa, t, loss_dtype=F32, return_z_loss=True,
+                                           mean_denominator=den, defer_grad=defer, **kw)
+                assert_close(loss, ref_loss, F32, factor=2, what="loss")
+                assert_close(z, ref_z, F32, factor=2, what="z")
+                loss.backward()
+                assert_close(xa.grad, ref_g(torch.tensor(1.0)), dtype, factor=3, rounding=2,
+                             what=f"grad, den {den}, defer {defer}")
+
+
+@pytest.mark.cuda
+def test_cuda_no_host_sync_and_graph_capture_with_mean_denominator_and_defer_grad():
+    """Neither option makes the host wait (torch's sync debug mode raises on a
+    synchronisation), and both are captured in a CUDA graph: the replays read the new
+    denominator and logits."""
+    n, v = 64, 5000
+    x, t, _ = _inputs(n, v, torch.bfloat16, "cuda", ignore=(3,))
+    den = torch.tensor(10.0, device="cuda")
+    sx = x.clone().requires_grad_()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up (loads the kernels) outside the capture
+        for defer in (False, True):
+            (fk.cross_entropy(sx * 1, t, mean_denominator=den, defer_grad=defer) / 3).backward()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for defer in (False, True):
+            (fk.cross_entropy(sx * 1, t, mean_denominator=den, defer_grad=defer) / 3).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for defer in (False, True):
+        sx.grad = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            loss = fk.cross_entropy(sx * 1, t, loss_dtype=F32, mean_denominator=den,
+                                    defer_grad=defer)
+            (loss / 3).backward()
+        for d, seed in ((10.0, 1), (37.0, 2)):
+            x2, _, _ = _inputs(n, v, torch.bfloat16, "cuda", seed=seed)
+            with torch.no_grad():
+                sx.copy_(x2)
+            den.fill_(d)
+            graph.replay()
+            ref_loss, _, ref_g = _ref_sum_over(x2.cpu(), t.cpu(), dict(), d)
+            assert_close(loss, ref_loss, F32, factor=2, what=f"loss, defer {defer}")
+            assert_close(sx.grad, ref_g(torch.tensor(1 / 3)), torch.bfloat16, factor=3,
+                         rounding=2, what=f"grad, defer {defer}")
+
+
+@pytest.mark.cuda
+def test_cuda_defer_grad_more_than_2_31_elements():
+    v = 128256
+    n = (1 << 31) // v + 3
+    x = torch.randn(n, v, device="cuda", dtype=torch.bfloat16)
+    t = torch.randint(0, v, (n,), device="cuda")
+    xa = x.clone().requires_grad_()
+    loss = fk.cross_entropy(xa, t, reduction="none", loss_dtype=F32, defer_grad=True)
+    g = torch.full_like(loss, 0.5)
+    loss.backward(g)
+    for rows in (slice(0, 2), slice(n - 2, n)):
+        xs, ts = x[rows].cpu(), t[rows].cpu()
+        assert_close(loss[rows], ref_cross_entropy(xs, ts, reduction="none")[0], torch.float32,
+                     factor=2)
+        assert_close(xa.grad[rows], _ref_grad(xs, ts, dict(reduction="none"),
+                                              torch.full((2,), 0.5)),
+                     torch.bfloat16, factor=2, rounding=1)
     del x, xa, loss
     torch.cuda.empty_cache()

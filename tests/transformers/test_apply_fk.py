@@ -367,6 +367,43 @@ def test_num_items_in_batch_and_shift_labels(model_type):
     torch.testing.assert_close(out.loss, want.loss)
 
 
+class _FkCalls(TorchDispatchMode):
+    """Records the fk operators that run, with their arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "fk":
+            self.calls.append((func.__name__.split(".")[0], args))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("num_items", [torch.tensor(7), 7])
+def test_num_items_in_batch_is_the_mean_denominator(num_items):
+    """With the logits built, num_items_in_batch goes to the cross entropy as its
+    mean_denominator (reduction "mean"): the loss's backward gets a grad_output of 1 (no
+    scaling pass over the gradient); loss and gradients as Hugging Face's."""
+    model, ref = _pair()
+    ft.apply_fk(model, fused_linear_cross_entropy=False)
+    ids, labels = _batch()
+    model.train(), ref.train()
+    with _FkCalls() as rec:
+        out = model(input_ids=ids, labels=labels, num_items_in_batch=num_items)
+        out.loss.backward()
+    want = ref(input_ids=ids, labels=labels, num_items_in_batch=num_items)
+    want.loss.backward()
+    fwd = [a for name, a in rec.calls if name == "_cross_entropy_forward"]
+    bwd = [a for name, a in rec.calls if name.startswith("_cross_entropy_backward")]
+    assert len(fwd) == 1 and len(bwd) == 1
+    assert fwd[0][5] == "mean" and float(fwd[0][10]) == 7.0
+    assert torch.equal(bwd[0][1], torch.tensor(1.0))
+    torch.testing.assert_close(out.loss, want.loss)
+    torch.testing.assert_close(model.lm_head.weight.grad, ref.lm_head.weight.grad,
+                               atol=1e-6, rtol=1e-5)
+
+
 def test_logits_to_keep_in_training():
     model, ref = _pair()
     ids, labels = _batch()

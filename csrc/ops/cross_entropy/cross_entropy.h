@@ -54,6 +54,10 @@ CeOptions check_ce_target_and_options(const char* op, const char* like_name, con
                                       const char* weight_name, int64_t ignore_index,
                                       double label_smoothing, const std::string& reduction,
                                       double lse_square_scale, std::optional<double> softcap);
+// mean_denominator (optional): one element (any shape of numel 1), float32, float64,
+// bfloat16, float16, int64 or int32, on logits' device, given with reduction "mean" only.
+void check_mean_denominator(const char* op, const Tensor& like,
+                            const std::optional<Tensor>& mean_denominator, CeReduction reduction);
 // grad (N, V) floating; grad_loss a float32 (float64 for float64 grad) scalar or (N,).
 void check_cross_entropy_backward(const char* op, const Tensor& grad, const Tensor& grad_loss);
 
@@ -68,8 +72,9 @@ ScalarType ce_output_dtype(const char* op, const Tensor& like,
 // Raises unless every target is ignore_index or a class in [0, V) (target contiguous, one
 // or more rows). CPU: an error naming `op`, the first bad target, its row and V. CUDA: no
 // host synchronisation: aten::_assert_async on the device (a device-side assert, with a
-// message of the same form without the value); for a "mean" it reads the denominators
-// `den` (NaN exactly when some target is out of range), else it compares the targets.
+// message of the same form without the value); for a "mean" with `den` defined (the
+// denominators cross_entropy_den made from the targets) it reads den (NaN exactly when some
+// target is out of range), else it compares the targets.
 void check_targets_in_range(const char* op, const Tensor& target, int64_t V,
                             int64_t ignore_index, const Tensor& den, CeReduction reduction);
 
@@ -81,15 +86,30 @@ void check_targets_in_range(const char* op, const Tensor& target, int64_t V,
 Tensor cross_entropy_den(const Tensor& target, const Tensor& weight, int64_t V,
                          int64_t ignore_index, ScalarType dtype, CeReduction reduction);
 
+// The denominators pair [m, m] (dtype) from a given mean denominator m (one element):
+// device operations only (no host synchronisation).
+Tensor cross_entropy_den_given(const Tensor& mean_denominator, ScalarType dtype);
+
 // Per-row loss and z-loss of contiguous (M, V) `logits` into loss_rows / z_rows (M,),
 // scaled by the denominators `den` (cross_entropy_den's). With `grad` defined, also the
 // gradient of each row's loss, written into grad (M, V), which may be `logits` itself.
 // With `pred` defined (M,) int64, also each row's argmax over the (softcapped) logits, the
 // first maximum as torch.argmax (kCeIgnoredPrediction for an ignored row).
+// With `lse_rows` defined (M,) in the loss dtype, also each row's logsumexp of the
+// (softcapped) logits (0 for an ignored row), for cross_entropy_rows_backward.
 // `weight` is the class weights in the loss dtype (float32 on CUDA) or undefined.
 void cross_entropy_rows(const Tensor& logits, const Tensor& grad, const Tensor& target,
                         const Tensor& weight, const Tensor& den, const Tensor& loss_rows,
-                        const Tensor& z_rows, const Tensor& pred, const CeOptions& o);
+                        const Tensor& z_rows, const Tensor& pred, const CeOptions& o,
+                        const Tensor& lse_rows = Tensor());
+
+// The gradient cross_entropy_rows writes, times grad_loss (a scalar, or one value per row),
+// computed from the (M, V) contiguous logits, each row's lse (cross_entropy_rows' lse_rows)
+// and den in one pass: written into grad (M, V) contiguous, which may be `logits` itself.
+// Token scaling is not supported here.
+void cross_entropy_rows_backward(const Tensor& logits, const Tensor& grad, const Tensor& target,
+                                 const Tensor& weight, const Tensor& den, const Tensor& lse,
+                                 const Tensor& grad_loss, const CeOptions& o);
 
 // dst = src * grad_loss (a scalar, or one value per row), src and dst (M, V) contiguous;
 // dst may be src, and then a grad_loss of 1 leaves it untouched without reading it (CUDA).
@@ -111,12 +131,22 @@ Tensor cross_entropy_den_cpu(const Tensor& target, const Tensor& weight, int64_t
                              int64_t ignore_index, ScalarType dtype);
 void cross_entropy_rows_cpu(const Tensor& logits, const Tensor& grad, const Tensor& target,
                             const Tensor& weight, const Tensor& den, const Tensor& loss_rows,
-                            const Tensor& z_rows, const Tensor& pred, const CeOptions& o);
+                            const Tensor& z_rows, const Tensor& pred, const CeOptions& o,
+                            const Tensor& lse_rows);
+void cross_entropy_rows_backward_cpu(const Tensor& logits, const Tensor& grad,
+                                     const Tensor& target, const Tensor& weight,
+                                     const Tensor& den, const Tensor& lse,
+                                     const Tensor& grad_loss, const CeOptions& o);
 Tensor cross_entropy_den_cuda(const Tensor& target, const Tensor& weight, int64_t V,
                               int64_t ignore_index);
 void cross_entropy_rows_cuda(const Tensor& logits, const Tensor& grad, const Tensor& target,
                              const Tensor& weight, const Tensor& den, const Tensor& loss_rows,
-                             const Tensor& z_rows, const Tensor& pred, const CeOptions& o);
+                             const Tensor& z_rows, const Tensor& pred, const CeOptions& o,
+                             const Tensor& lse_rows);
+void cross_entropy_rows_backward_cuda(const Tensor& logits, const Tensor& grad,
+                                      const Tensor& target, const Tensor& weight,
+                                      const Tensor& den, const Tensor& lse,
+                                      const Tensor& grad_loss, const CeOptions& o);
 void cross_entropy_scale_cuda(const Tensor& src, const Tensor& dst, const Tensor& grad_loss);
 
 // --- the registered internal ops (the CPU and CUDA backends register these) -------------
@@ -125,12 +155,30 @@ void cross_entropy_scale_cuda(const Tensor& src, const Tensor& dst, const Tensor
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> cross_entropy_forward_impl(
     Tensor logits, Tensor target, std::optional<Tensor> weight, int64_t ignore_index,
     double label_smoothing, std::string reduction, double lse_square_scale,
-    std::optional<double> softcap, bool compute_grad, bool extras);
+    std::optional<double> softcap, bool compute_grad, bool extras,
+    std::optional<Tensor> mean_denominator);
 std::tuple<Tensor, Tensor, Tensor, Tensor> cross_entropy_forward_inplace_impl(
     Tensor logits, Tensor target, std::optional<Tensor> weight, int64_t ignore_index,
     double label_smoothing, std::string reduction, double lse_square_scale,
-    std::optional<double> softcap, bool extras);
+    std::optional<double> softcap, bool extras, std::optional<Tensor> mean_denominator);
 Tensor cross_entropy_backward_impl(Tensor grad, Tensor grad_loss);
 void cross_entropy_backward_inplace_impl(Tensor grad, Tensor grad_loss);
+// The deferred form: (loss, z_loss, lse, den, token_accuracy, predicted_tokens), and the
+// backward computing the gradient from the logits, lse and den (new / in the logits).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cross_entropy_deferred_forward_impl(
+    Tensor logits, Tensor target, std::optional<Tensor> weight, int64_t ignore_index,
+    double label_smoothing, std::string reduction, double lse_square_scale,
+    std::optional<double> softcap, bool extras, std::optional<Tensor> mean_denominator);
+Tensor cross_entropy_deferred_backward_impl(Tensor logits, Tensor target,
+                                            std::optional<Tensor> weight, Tensor lse, Tensor den,
+                                            Tensor grad_loss, int64_t ignore_index,
+                                            double label_smoothing, double lse_square_scale,
+                                            std::optional<double> softcap);
+void cross_entropy_deferred_backward_inplace_impl(Tensor logits, Tensor target,
+                                                  std::optional<Tensor> weight, Tensor lse,
+                                                  Tensor den, Tensor grad_loss,
+                                                  int64_t ignore_index, double label_smoothing,
+                                                  double lse_square_scale,
+                                                  std::optional<double> softcap);
 
 }  // namespace fk::ops

@@ -28,6 +28,41 @@ Targets targets(const Tensor& target, int64_t V, int64_t ignore_index) {
   return {keep, valid, y};
 }
 
+// The gradient of each row's loss (times grad_rows, (M, 1), where defined): x the
+// (softcapped) logits in the loss dtype, t = tanh(logits / softcap) (with a softcap), lse
+// their logsumexp per row, w_y the rows' target weights (NaN for a target out of range),
+// p_y the token-scaling factors (or undefined); zero rows where ignored.
+Tensor gradient(const Tensor& x, const Tensor& t, const Tensor& lse, const Targets& tg,
+                const Tensor& w_y, const Tensor& weight, const Tensor& inv_dw,
+                const Tensor& inv_dn, const Tensor& p_y, const Tensor& grad_rows,
+                const CeOptions& o) {
+  const auto dtype = x.scalar_type();
+  const int64_t V = x.size(1);
+  const double ls = o.label_smoothing, s = o.lse_square_scale;
+  auto sw = weight.defined() ? aten::sum_all(weight) : constant(static_cast<double>(V), dtype, x);
+  auto p = aten::exp(x - aten::unsqueeze(lse, 1));
+  auto a = ((1 - ls) * w_y + (ls / V) * sw) * inv_dw + 2 * s * lse * inv_dn;
+  auto g = p * aten::unsqueeze(a, 1);
+  aten::scatter_add_(g, 1, aten::unsqueeze(tg.y, 1),
+                     aten::unsqueeze(-(1 - ls) * w_y * inv_dw, 1));
+  if (ls > 0) {
+    g = g - (ls / V) * inv_dw *
+                (weight.defined() ? weight : aten::full({V}, 1.0, dtype, x.device()));
+  }
+  if (o.softcap) g = g * (1.0 - t * t);
+  if (p_y.defined()) g = g * aten::unsqueeze(p_y, 1);
+  if (grad_rows.defined()) g = g * grad_rows;
+  return aten::where(aten::unsqueeze(tg.keep, 1), g, constant(0.0, dtype, x));
+}
+
+// The rows' target weights: the class weight of the target (1 without weights), NaN for a
+// target outside [0, V).
+Tensor target_weights(const Targets& tg, const Tensor& weight, ScalarType dtype,
+                      const Tensor& like) {
+  auto w_y = weight.defined() ? aten::index_select(weight, 0, tg.y) : constant(1.0, dtype, like);
+  return aten::where(tg.valid, w_y, constant(kNan, dtype, like));
+}
+
 }  // namespace
 
 Tensor cross_entropy_den_cpu(const Tensor& target, const Tensor& weight, int64_t V,
@@ -44,7 +79,8 @@ Tensor cross_entropy_den_cpu(const Tensor& target, const Tensor& weight, int64_t
 
 void cross_entropy_rows_cpu(const Tensor& logits, const Tensor& grad, const Tensor& target,
                             const Tensor& weight, const Tensor& den, const Tensor& loss_rows,
-                            const Tensor& z_rows, const Tensor& pred, const CeOptions& o) {
+                            const Tensor& z_rows, const Tensor& pred, const CeOptions& o,
+                            const Tensor& lse_rows) {
   const auto dtype = loss_rows.scalar_type();
   const int64_t V = logits.size(1);
   const double ls = o.label_smoothing, s = o.lse_square_scale;
@@ -55,11 +91,11 @@ void cross_entropy_rows_cpu(const Tensor& logits, const Tensor& grad, const Tens
     x = t * *o.softcap;
   }
   auto lse = aten::logsumexp(x, {1});
-  const auto [keep, valid, y] = targets(target, V, o.ignore_index);
+  const auto tg = targets(target, V, o.ignore_index);
+  const auto& [keep, valid, y] = tg;
   const auto nan = constant(kNan, dtype, logits);
   auto x_y = aten::where(valid, aten::squeeze(aten::gather(x, 1, aten::unsqueeze(y, 1)), 1), nan);
-  auto w_y = weight.defined() ? aten::index_select(weight, 0, y) : constant(1.0, dtype, logits);
-  w_y = aten::where(valid, w_y, nan);
+  auto w_y = target_weights(tg, weight, dtype, logits);
   Tensor inv_dw = constant(1.0, dtype, logits), inv_dn = inv_dw;
   if (o.reduction == CeReduction::Mean) {
     inv_dw = aten::reciprocal(aten::select(den, 0, 0));
@@ -86,20 +122,30 @@ void cross_entropy_rows_cpu(const Tensor& logits, const Tensor& grad, const Tens
   }
   aten::copy_(loss_rows, aten::where(keep, ce * inv_dw + z * inv_dn, inv_dw * 0.0));
   aten::copy_(z_rows, aten::where(keep, z * inv_dn, inv_dn * 0.0));
-  if (!grad.defined()) return;
-
-  auto p = aten::exp(x - aten::unsqueeze(lse, 1));
-  auto a = ((1 - ls) * w_y + (ls / V) * sw) * inv_dw + 2 * s * lse * inv_dn;
-  auto g = p * aten::unsqueeze(a, 1);
-  aten::scatter_add_(g, 1, aten::unsqueeze(y, 1), aten::unsqueeze(-(1 - ls) * w_y * inv_dw, 1));
-  if (ls > 0) {
-    g = g - (ls / V) * inv_dw *
-                (weight.defined() ? weight : aten::full({V}, 1.0, dtype, logits.device()));
+  if (lse_rows.defined()) {
+    aten::copy_(lse_rows, aten::where(keep, lse, constant(0.0, dtype, logits)));
   }
-  if (o.softcap) g = g * (1.0 - t * t);
-  if (o.token_scaling) g = g * aten::unsqueeze(p_y, 1);
-  g = aten::where(aten::unsqueeze(keep, 1), g, constant(0.0, dtype, logits));
-  aten::copy_(grad, g);
+  if (!grad.defined()) return;
+  aten::copy_(grad, gradient(x, t, lse, tg, w_y, weight, inv_dw, inv_dn, p_y, Tensor(), o));
+}
+
+void cross_entropy_rows_backward_cpu(const Tensor& logits, const Tensor& grad,
+                                     const Tensor& target, const Tensor& weight,
+                                     const Tensor& den, const Tensor& lse,
+                                     const Tensor& grad_loss, const CeOptions& o) {
+  const auto dtype = lse.scalar_type();
+  auto x = aten::to(logits, dtype);
+  Tensor t;
+  if (o.softcap) {
+    t = aten::tanh(x / *o.softcap);
+    x = t * *o.softcap;
+  }
+  const auto tg = targets(target, x.size(1), o.ignore_index);
+  const auto w_y = target_weights(tg, weight, dtype, logits);
+  const auto inv_dw = aten::reciprocal(aten::select(den, 0, 0));
+  const auto inv_dn = aten::reciprocal(aten::select(den, 0, 1));
+  const auto g_rows = grad_loss.dim() == 0 ? grad_loss : aten::unsqueeze(grad_loss, 1);
+  aten::copy_(grad, gradient(x, t, lse, tg, w_y, weight, inv_dw, inv_dn, Tensor(), g_rows, o));
 }
 
 }  // namespace fk::ops
@@ -109,4 +155,10 @@ STABLE_TORCH_LIBRARY_IMPL(fk, CPU, m) {
   m.impl("_cross_entropy_forward_", TORCH_BOX(&fk::ops::cross_entropy_forward_inplace_impl));
   m.impl("_cross_entropy_backward", TORCH_BOX(&fk::ops::cross_entropy_backward_impl));
   m.impl("_cross_entropy_backward_", TORCH_BOX(&fk::ops::cross_entropy_backward_inplace_impl));
+  m.impl("_cross_entropy_deferred_forward",
+         TORCH_BOX(&fk::ops::cross_entropy_deferred_forward_impl));
+  m.impl("_cross_entropy_deferred_backward",
+         TORCH_BOX(&fk::ops::cross_entropy_deferred_backward_impl));
+  m.impl("_cross_entropy_deferred_backward_",
+         TORCH_BOX(&fk::ops::cross_entropy_deferred_backward_inplace_impl));
 }

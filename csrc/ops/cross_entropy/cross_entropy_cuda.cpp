@@ -4,7 +4,9 @@
 // grid (rows per SM from the variant) walks the rows, each read once from DRAM and once
 // more from L2, the gradient written in the logits' dtype; a variant may split each row over
 // a thread-block cluster of programs. Backward: a persistent
-// scaling kernel that returns at once for a grad_output of 1 in place.
+// scaling kernel that returns at once for a grad_output of 1 in place. The deferred form:
+// the forward without the gradient (each row's lse kept), then a persistent backward over
+// tiles of the rows that computes the gradient times grad_output in one pass.
 #include <algorithm>
 
 #include "ops/cross_entropy/cross_entropy.h"
@@ -43,7 +45,8 @@ Tensor cross_entropy_den_cuda(const Tensor& target, const Tensor& weight, int64_
 
 void cross_entropy_rows_cuda(const Tensor& logits, const Tensor& grad, const Tensor& target,
                              const Tensor& weight, const Tensor& den, const Tensor& loss_rows,
-                             const Tensor& z_rows, const Tensor& pred, const CeOptions& o) {
+                             const Tensor& z_rows, const Tensor& pred, const CeOptions& o,
+                             const Tensor& lse_rows) {
   constexpr const char* op = "fk::cross_entropy";
   const int64_t m = logits.size(0), v = logits.size(1);
   const bool write_grad = grad.defined();
@@ -78,8 +81,42 @@ void cross_entropy_rows_cuda(const Tensor& logits, const Tensor& grad, const Ten
       .i64(logits.stride(0)).i64(g.stride(0)).i64(m).i32(v).i64(o.ignore_index)
       .f32(o.label_smoothing).f32(o.lse_square_scale).f32(o.softcap.value_or(1.0))
       .i32(weight.defined() ? 1 : 0).i32(o.softcap.has_value() ? 1 : 0)
-      .i32(write_grad ? 1 : 0).ptr(pred_out).i32(o.token_scaling ? 1 : 0);
+      .i32(write_grad ? 1 : 0).ptr(pred_out).i32(o.token_scaling ? 1 : 0)
+      .ptr(lse_rows.defined() ? lse_rows : loss_rows).i32(lse_rows.defined() ? 1 : 0);
   runtime::launch(op, k, logits.device(), {rows_at_once * chunks, 1, 1}, args);
+}
+
+void cross_entropy_rows_backward_cuda(const Tensor& logits, const Tensor& grad,
+                                      const Tensor& target, const Tensor& weight,
+                                      const Tensor& den, const Tensor& lse,
+                                      const Tensor& grad_loss, const CeOptions& o) {
+  constexpr const char* op = "fk::cross_entropy (backward)";
+  const int64_t m = logits.size(0), v = logits.size(1);
+  FK_CHECK(grad.scalar_type() == logits.scalar_type() && logits.stride(1) == 1 &&
+               grad.stride(1) == 1 && lse.scalar_type() == kFloat && den.scalar_type() == kFloat,
+           op, ": internal error: the gradient must have the logits' dtype, both unit column "
+           "strides, lse and den float32");
+  FK_CHECK(!o.token_scaling, op, ": internal error: no token scaling in the deferred backward");
+  const bool general = weight.defined() || o.label_smoothing > 0.0 || o.softcap.has_value();
+  // The weights are read a block at a time like the logits (general variants).
+  const bool aligned = v % 16 == 0 && logits.stride(0) % 16 == 0 && grad.stride(0) % 16 == 0 &&
+                       runtime::aligned16({&logits, &grad, &weight});
+  const uint32_t flags = (aligned ? runtime::kFlagAligned : 0) | (general ? kFlagGeneral : 0);
+  static const auto& fam = runtime::family("cross_entropy_bwd");
+  const auto& k = fam.pick(op, logits, 0, flags);
+  const int64_t tiles = m * checks::ceil_div(v, k.block);
+  const int64_t programs = std::min(tiles, sm_count(logits) * k.constexpr_value("PER_SM"));
+  auto g = aten::contiguous(aten::to(grad_loss, kFloat));
+  // The sum of the class weights (label smoothing with weights): on the device.
+  Tensor wsum = den;
+  if (weight.defined() && o.label_smoothing > 0.0) wsum = aten::sum_all(weight, kFloat);
+  KernelArgs args;
+  args.ptr(logits).ptr(grad).ptr(target).ptr(weight.defined() ? weight : den).ptr(den).ptr(lse)
+      .ptr(g).ptr(wsum).i64(g.dim() == 0 ? 0 : 1).i64(logits.stride(0)).i64(grad.stride(0))
+      .i64(m).i32(v).i64(o.ignore_index).f32(o.label_smoothing).f32(o.lse_square_scale)
+      .f32(o.softcap.value_or(1.0)).i32(weight.defined() ? 1 : 0)
+      .i32(o.softcap.has_value() ? 1 : 0);
+  runtime::launch(op, k, logits.device(), {programs, 1, 1}, args);
 }
 
 void cross_entropy_scale_cuda(const Tensor& src, const Tensor& dst, const Tensor& grad_loss) {
@@ -105,4 +142,10 @@ STABLE_TORCH_LIBRARY_IMPL(fk, CUDA, m) {
   m.impl("_cross_entropy_forward_", TORCH_BOX(&fk::ops::cross_entropy_forward_inplace_impl));
   m.impl("_cross_entropy_backward", TORCH_BOX(&fk::ops::cross_entropy_backward_impl));
   m.impl("_cross_entropy_backward_", TORCH_BOX(&fk::ops::cross_entropy_backward_inplace_impl));
+  m.impl("_cross_entropy_deferred_forward",
+         TORCH_BOX(&fk::ops::cross_entropy_deferred_forward_impl));
+  m.impl("_cross_entropy_deferred_backward",
+         TORCH_BOX(&fk::ops::cross_entropy_deferred_backward_impl));
+  m.impl("_cross_entropy_deferred_backward_",
+         TORCH_BOX(&fk::ops::cross_entropy_deferred_backward_inplace_impl));
 }

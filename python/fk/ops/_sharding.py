@@ -163,9 +163,10 @@ def register() -> None:
 
     @register_sharding(fk._cross_entropy_forward.default)
     def _cross_entropy_forward(logits, target, weight, ignore_index, label_smoothing,
-                               reduction, lse_square_scale, softcap, compute_grad, extras):
+                               reduction, lse_square_scale, softcap, compute_grad, extras,
+                               mean_denominator=None):
         # outputs: loss, z_loss, grad, and with extras token_accuracy, predicted_tokens
-        rest = [None] * 7
+        rest = [None] * 7 + [opt(mean_denominator, rep)]
         w = opt(weight, rep)
 
         def ext(p):
@@ -178,6 +179,35 @@ def register() -> None:
             rules.append(([Partial(), Partial(), rows, None, None], [rows, rows, w] + rest))
         # "mean" over sharded rows: see fk.ops.cross_entropy (sum / count over all shards).
         return rules
+
+    @register_sharding(fk._cross_entropy_deferred_forward.default)
+    def _cross_entropy_deferred_forward(logits, target, weight, ignore_index, label_smoothing,
+                                        reduction, lse_square_scale, softcap, extras,
+                                        mean_denominator=None):
+        # outputs: loss, z_loss, lse, den, and with extras token_accuracy, predicted_tokens;
+        # den is ones unless the reduction is "mean" (the same on every shard then)
+        rest = [None] * 6 + [opt(mean_denominator, rep)]
+        w = opt(weight, rep)
+
+        def ext(p):
+            return [p, p] if extras else [None, None]
+        rules = [([rep, rep, rep, rep] + ext(rep), [rep, rep, w] + rest)]
+        rows = Shard(0)
+        if reduction == "none":
+            rules.append(([rows, rows, rows, rep] + ext(rows), [rows, rows, w] + rest))
+        elif reduction == "sum" and not extras:
+            rules.append(([Partial(), Partial(), rows, rep, None, None], [rows, rows, w] + rest))
+        return rules
+
+    @register_sharding(fk._cross_entropy_deferred_backward.default)
+    def _cross_entropy_deferred_backward(logits, target, weight, lse, den, grad_loss,
+                                         ignore_index, label_smoothing, lse_square_scale,
+                                         softcap):
+        rows = Shard(0)
+        w = opt(weight, rep)
+        per_row = grad_loss.ndim == 1
+        return [([rep], [rep, rep, w, rep, rep, rep] + [None] * 4),
+                ([rows], [rows, rows, w, rows, rep, rows if per_row else rep] + [None] * 4)]
 
     @register_sharding(fk._cross_entropy_backward.default)
     def _cross_entropy_backward(grad, grad_loss):
@@ -193,6 +223,16 @@ def rows_sharded(t) -> bool:
     from torch.distributed.tensor import DTensor, Shard
     return isinstance(t, DTensor) and any(
         isinstance(p, Shard) and p.dim == 0 for p in t.placements)
+
+
+def replicated_like(t, like):
+    """t (a plain tensor, or already a DTensor) as a DTensor replicated over ``like``'s
+    mesh."""
+    from torch.distributed.tensor import DTensor, Replicate
+    if isinstance(t, DTensor):
+        return t
+    mesh = like.device_mesh
+    return DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim, run_check=False)
 
 
 def reduce_partials(t):

@@ -6,8 +6,11 @@ torch.autograd.Function around the internal ops, registered with
 torch.library.register_autograd does internally). register_autograd cannot express it: the
 forward computes the gradient, and writes it into the logits' own memory, only when the
 logits require grad and in plain eager execution, and the backward scales it in place only
-when the graph is not retained. The internal ops fk::_cross_entropy_forward(_) and
-fk::_cross_entropy_backward(_) have fake kernels and no autograd formula.
+when the graph is not retained. With defer_grad the forward keeps the logits and each row's
+logsumexp instead, and the backward computes the gradient (into the logits' memory under the
+same conditions). The internal ops fk::_cross_entropy_forward(_),
+fk::_cross_entropy_backward(_), fk::_cross_entropy_deferred_forward and
+fk::_cross_entropy_deferred_backward(_) have fake kernels and no autograd formula.
 """
 from typing import NamedTuple, Optional, Tuple, Union
 
@@ -16,7 +19,7 @@ from torch._C import DispatchKey
 from torch.autograd.graph import increment_version
 
 from . import _autograd, _checks as c
-from ._sharding import reduce_partials, rows_sharded
+from ._sharding import reduce_partials, replicated_like, rows_sharded
 
 REDUCTIONS = ("mean", "sum", "none")
 _OP = "fk::cross_entropy"
@@ -53,10 +56,13 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
                   lse_square_scale: float = 0.0, softcap: Optional[float] = None,
                   return_z_loss: bool = False, grad_in_logits: bool = True,
                   loss_dtype: Optional[torch.dtype] = None,
-                  return_token_accuracy: bool = False, return_predicted_tokens: bool = False
+                  return_token_accuracy: bool = False, return_predicted_tokens: bool = False,
+                  mean_denominator: Optional[Union[torch.Tensor, float]] = None,
+                  defer_grad: bool = False
                   ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor],
                              CrossEntropyOutput]:
-    """Cross entropy over a vocabulary, with the gradient computed in the forward pass.
+    """Cross entropy over a vocabulary, with the gradient computed in the forward pass (or,
+    with ``defer_grad``, in the backward pass).
 
     ``torch.nn.functional.cross_entropy(logits, target, weight, ignore_index=...,
     label_smoothing=..., reduction=...)`` (class weights, ignored targets and label
@@ -90,16 +96,38 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
             **The logits' values are gone after this call**: do not read ``logits`` after
             it (an op that saved them for its own backward raises autograd's "modified by
             an inplace operation" error instead of reading gradients; so does this op's
-            backward if something else overwrites them before it). Pass False to allocate
-            a separate gradient buffer and leave ``logits`` untouched. Under
-            ``torch.compile`` and other tracing a separate buffer is always used. In
-            TorchScript (where this function's return type is a Union) use
-            ``fk.nn.CrossEntropyLoss``, which keeps the gradient out of the logits there.
+            backward if something else overwrites them before it). With ``defer_grad`` the
+            gradient is written into ``logits``' memory in the backward instead, and the
+            logits keep their values until then (the same errors then come from anything
+            that reads its saved logits after this op's backward, or from writing into the
+            logits before it). Pass False to allocate a separate gradient buffer and leave
+            ``logits`` untouched. Under ``torch.compile`` and other tracing a separate
+            buffer is always used. In TorchScript (where this function's return type is a
+            Union) use ``fk.nn.CrossEntropyLoss``, which keeps the gradient out of the
+            logits there.
         loss_dtype: the dtype of the returned loss and z-loss: None (the default) for the
             logits' dtype, as ``torch.nn.functional.cross_entropy`` and Liger Kernel return
             it, or ``torch.float32`` (``float64``, ``bfloat16``, ``float16``). The losses
             are always computed in float32 (float64 for float64 logits) and rounded once to
             this dtype; the gradient does not depend on it.
+        mean_denominator: with ``reduction="mean"`` only: the number the sum of the rows'
+            losses (and z-losses) is divided by, in place of the (weighted) count of
+            non-ignored rows; Hugging Face's ``num_items_in_batch`` (the count over all
+            gradient-accumulation steps or ranks). A tensor of one element on ``logits``'
+            device (float or integer; no gradient), read on the device (no host
+            synchronisation), or a Python number (made a float32 tensor on that device).
+            ``cross_entropy(x, t, reduction="mean", mean_denominator=n)`` is
+            ``cross_entropy(x, t, reduction="sum") / n`` without the division's pass over
+            the gradient in the backward. With no rows, or every row ignored, the loss is 0.
+        defer_grad: compute the gradient in the backward pass instead: the forward reads
+            the logits once (the losses and each row's logsumexp, kept in float32) and keeps
+            the logits as they are; the backward reads them once more and writes the
+            gradient times ``grad_output``, rounded once to ``logits``' dtype (into
+            ``logits``' memory with ``grad_in_logits``, see there). For a loss that is
+            scaled before ``backward()`` (divided for gradient accumulation, weighted,
+            scaled by a GradScaler): three passes over the logits instead of four. For the
+            plain ``loss.backward()`` the default is faster (two passes). Every other option
+            works with it.
         return_token_accuracy: also return the token accuracy (float32, no gradient): for
             ``"mean"`` and ``"sum"`` the fraction of non-ignored rows whose argmax over the
             vocabulary is the target (NaN when every row is ignored, like the mean loss);
@@ -123,13 +151,19 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
         Differentiable in
         ``logits`` (any ``grad_output``, per row for ``"none"``); the gradient is computed
         in float32 and rounded once to ``logits``' dtype, then scaled by ``grad_output``
-        in the backward (a second rounding unless ``grad_output`` is 1). A double backward
-        raises. No host synchronisation: the mean's denominator stays on the device, so
-        the op can be captured in a CUDA graph.
+        in the backward (a second rounding unless ``grad_output`` is 1; with
+        ``defer_grad`` computed in the backward, times ``grad_output``, and rounded once).
+        A double backward raises. No host synchronisation: the mean's denominator stays
+        on the device, so the op can be captured in a CUDA graph.
     """
+    if mean_denominator is not None and not isinstance(mean_denominator, torch.Tensor):
+        # A fill on the device: no host-to-device copy to wait for.
+        mean_denominator = torch.full((), float(mean_denominator), dtype=torch.float32,
+                                      device=logits.device)
     out = torch.ops.fk.cross_entropy(logits, target, weight, ignore_index, label_smoothing,
                                      reduction, lse_square_scale, softcap, grad_in_logits,
-                                     loss_dtype, return_token_accuracy, return_predicted_tokens)
+                                     loss_dtype, return_token_accuracy, return_predicted_tokens,
+                                     mean_denominator, defer_grad)
     return ce_output(*out, return_z_loss, return_token_accuracy, return_predicted_tokens)
 
 
@@ -185,6 +219,38 @@ def check_cross_entropy(op, logits, target, weight, ignore_index, label_smoothin
                                 lse_square_scale, softcap)
 
 
+_DENOMINATOR_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
+                       torch.int32)
+
+
+def check_mean_denominator(op, like, mean_denominator, reduction):
+    if mean_denominator is None:
+        return
+    c.check(reduction == "mean", op, ": mean_denominator is only used with reduction='mean'")
+    c.check_same_device(op, "logits", like, "mean_denominator", mean_denominator)
+    c.check(mean_denominator.dtype in _DENOMINATOR_DTYPES, op, ": mean_denominator must be "
+            "float32, float64, bfloat16, float16, int64 or int32, got ",
+            c.dtype_name(mean_denominator.dtype))
+    c.check(mean_denominator.numel() == 1, op, ": mean_denominator must have one element, got "
+            "shape ", c.shape_text(mean_denominator))
+
+
+def check_deferred_backward(op, logits, target, weight, lse, den, grad_loss, ignore_index,
+                            label_smoothing, lse_square_scale, softcap):
+    check_cross_entropy(op, logits, target, weight, ignore_index, label_smoothing, "none",
+                        lse_square_scale, softcap)
+    dtype, n = c.acc_dtype(logits), logits.shape[0]
+    c.check_same_device(op, "logits", logits, "lse", lse)
+    c.check(lse.dtype == dtype and lse.dim() == 1 and lse.shape[0] == n, op, ": lse must be ",
+            c.dtype_name(dtype), " of shape (", n, ",), got ", c.dtype_name(lse.dtype),
+            " of shape ", c.shape_text(lse))
+    c.check_same_device(op, "logits", logits, "den", den)
+    c.check(den.dtype == dtype and den.dim() == 1 and den.shape[0] == 2, op, ": den must be ",
+            c.dtype_name(dtype), " of shape (2,), got ", c.dtype_name(den.dtype), " of shape ",
+            c.shape_text(den))
+    check_cross_entropy_backward(op, logits, grad_loss)
+
+
 def check_cross_entropy_backward(op, grad, grad_loss):
     c.check(grad.dim() == 2, op, ": grad must have shape (N, V), got ", c.shape_text(grad))
     c.check_float(op, "grad", grad)
@@ -215,9 +281,10 @@ def extras_like(like, n, reduction, extras):
 
 @torch.library.register_fake("fk::_cross_entropy_forward")
 def _forward_fake(logits, target, weight, ignore_index, label_smoothing, reduction,
-                  lse_square_scale, softcap, compute_grad, extras):
+                  lse_square_scale, softcap, compute_grad, extras, mean_denominator=None):
     check_cross_entropy("fk::cross_entropy", logits, target, weight, ignore_index,
                         label_smoothing, reduction, lse_square_scale, softcap)
+    check_mean_denominator("fk::cross_entropy", logits, mean_denominator, reduction)
     n = logits.shape[0]
     loss, z = losses_like(logits, n, reduction)
     grad = logits.new_empty(logits.shape) if compute_grad else None
@@ -226,9 +293,11 @@ def _forward_fake(logits, target, weight, ignore_index, label_smoothing, reducti
 
 @torch.library.register_fake("fk::_cross_entropy_forward_")
 def _forward_inplace_fake(logits, target, weight, ignore_index, label_smoothing, reduction,
-                          lse_square_scale, softcap, extras):
-    check_cross_entropy("fk::_cross_entropy_forward_", logits, target, weight, ignore_index,
-                        label_smoothing, reduction, lse_square_scale, softcap)
+                          lse_square_scale, softcap, extras, mean_denominator=None):
+    op = "fk::_cross_entropy_forward_"
+    check_cross_entropy(op, logits, target, weight, ignore_index, label_smoothing, reduction,
+                        lse_square_scale, softcap)
+    check_mean_denominator(op, logits, mean_denominator, reduction)
     n = logits.shape[0]
     return losses_like(logits, n, reduction) + extras_like(logits, n, reduction, extras)
 
@@ -242,6 +311,36 @@ def _backward_fake(grad, grad_loss):
 @torch.library.register_fake("fk::_cross_entropy_backward_")
 def _backward_inplace_fake(grad, grad_loss):
     check_cross_entropy_backward("fk::_cross_entropy_backward_", grad, grad_loss)
+
+
+@torch.library.register_fake("fk::_cross_entropy_deferred_forward")
+def _deferred_forward_fake(logits, target, weight, ignore_index, label_smoothing, reduction,
+                           lse_square_scale, softcap, extras, mean_denominator=None):
+    check_cross_entropy(_OP, logits, target, weight, ignore_index, label_smoothing, reduction,
+                        lse_square_scale, softcap)
+    check_mean_denominator(_OP, logits, mean_denominator, reduction)
+    n = logits.shape[0]
+    dtype = c.acc_dtype(logits)
+    return (losses_like(logits, n, reduction) + (logits.new_empty((n,), dtype=dtype),
+                                                 logits.new_empty((2,), dtype=dtype))
+            + extras_like(logits, n, reduction, extras))
+
+
+@torch.library.register_fake("fk::_cross_entropy_deferred_backward")
+def _deferred_backward_fake(logits, target, weight, lse, den, grad_loss, ignore_index,
+                            label_smoothing, lse_square_scale, softcap):
+    check_deferred_backward("fk::_cross_entropy_deferred_backward", logits, target, weight, lse,
+                            den, grad_loss, ignore_index, label_smoothing, lse_square_scale,
+                            softcap)
+    return logits.new_empty(logits.shape)
+
+
+@torch.library.register_fake("fk::_cross_entropy_deferred_backward_")
+def _deferred_backward_inplace_fake(logits, target, weight, lse, den, grad_loss, ignore_index,
+                                    label_smoothing, lse_square_scale, softcap):
+    check_deferred_backward("fk::_cross_entropy_deferred_backward_", logits, target, weight,
+                            lse, den, grad_loss, ignore_index, label_smoothing,
+                            lse_square_scale, softcap)
 
 
 # --- autograd (shared with fused_linear_cross_entropy) -------------------------------------
@@ -301,7 +400,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, target, weight, ignore_index, label_smoothing, reduction,
-                lse_square_scale, softcap, grad_in_logits, extras):
+                lse_square_scale, softcap, grad_in_logits, extras, mean_denominator):
         ctx.set_materialize_grads(False)
         with torch._C._AutoDispatchBelowAutograd():
             if grad_in_logits and plain_eager(logits, target):
@@ -309,14 +408,14 @@ class _CrossEntropyFunction(torch.autograd.Function):
                 x = logits if logits.is_contiguous() else logits.contiguous()
                 loss, z, acc, pred = torch.ops.fk._cross_entropy_forward_(
                     x, target, weight, ignore_index, label_smoothing, reduction,
-                    lse_square_scale, softcap, extras)
+                    lse_square_scale, softcap, extras, mean_denominator)
                 if x is logits:
                     increment_version(logits)
                 grad = x
             else:
                 loss, z, grad, acc, pred = torch.ops.fk._cross_entropy_forward(
                     logits, target, weight, ignore_index, label_smoothing, reduction,
-                    lse_square_scale, softcap, True, extras)
+                    lse_square_scale, softcap, True, extras, mean_denominator)
         ctx.save_for_backward(grad)
         # z_loss is part of loss already and is returned for logging, the token accuracy and
         # predicted tokens are metrics: no gradient through them.
@@ -327,23 +426,71 @@ class _CrossEntropyFunction(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_z, _grad_acc, _grad_pred):
         # No grad_output for the loss: only the outputs without a gradient were used.
         if grad_loss is None:
-            return (None,) * 10
+            return (None,) * 11
         (grad,) = ctx.saved_tensors
-        return (scale_stored_grad(_OP, grad, grad_loss),) + (None,) * 9
+        return (scale_stored_grad(_OP, grad, grad_loss),) + (None,) * 10
+
+
+class _CrossEntropyDeferredFunction(torch.autograd.Function):
+    """defer_grad: the forward computes the losses and each row's logsumexp and keeps the
+    logits (unmodified); the backward computes the gradient times grad_output from them in
+    one pass.
+
+    Where the gradient goes: with grad_in_logits into the logits' own memory (or the one
+    contiguous copy of them), in plain eager execution with the graph not retained and no
+    higher-order graph; the logits' version counter is bumped then, so anything that
+    saved them and runs its backward later raises autograd's "modified by an inplace
+    operation" error instead of reading gradients. Elsewhere a new buffer."""
+
+    @staticmethod
+    def forward(ctx, logits, target, weight, ignore_index, label_smoothing, reduction,
+                lse_square_scale, softcap, grad_in_logits, extras, mean_denominator):
+        ctx.set_materialize_grads(False)
+        x = logits if logits.is_contiguous() else logits.contiguous()
+        with torch._C._AutoDispatchBelowAutograd():
+            loss, z, lse, den, acc, pred = torch.ops.fk._cross_entropy_deferred_forward(
+                x, target, weight, ignore_index, label_smoothing, reduction, lse_square_scale,
+                softcap, extras, mean_denominator)
+        ctx.save_for_backward(x, target, weight, lse, den)
+        ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap)
+        # x is the caller's tensor: written into only where the caller allowed it.
+        ctx.in_logits = grad_in_logits or x is not logits
+        ctx.mark_non_differentiable(*(t for t in (z, acc, pred) if t is not None))
+        return loss, z, acc, pred
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_z, _grad_acc, _grad_pred):
+        if grad_loss is None:
+            return (None,) * 11
+        x, target, weight, lse, den = ctx.saved_tensors
+        args = (target, weight, lse, den, grad_loss) + ctx.options
+        if torch.is_grad_enabled():  # create_graph
+            with torch.no_grad(), torch._C._AutoDispatchBelowAutograd():
+                out = torch.ops.fk._cross_entropy_deferred_backward(x, *args)
+            return (raise_when_differentiated(_OP, out)[0],) + (None,) * 10
+        with torch._C._AutoDispatchBelowAutograd():
+            if (ctx.in_logits and not torch._C._autograd._get_current_graph_task_keep_graph()
+                    and plain_eager(x, grad_loss)):
+                torch.ops.fk._cross_entropy_deferred_backward_(x, *args)
+                increment_version(x)
+                return (x.detach(),) + (None,) * 10
+            return (torch.ops.fk._cross_entropy_deferred_backward(x, *args),) + (None,) * 10
 
 
 def _cross_entropy_autograd(keyset, logits, target, weight=None, ignore_index=-100,
                             label_smoothing=0.0, reduction="mean", lse_square_scale=0.0,
                             softcap=None, grad_in_logits=True, loss_dtype=None,
-                            return_token_accuracy=False, return_predicted_tokens=False):
+                            return_token_accuracy=False, return_predicted_tokens=False,
+                            mean_denominator=None, defer_grad=False):
     # The defaults are the schema's: the dispatcher may leave out arguments equal to them.
     out = output_dtype(_OP, logits, loss_dtype)
+    check_mean_denominator(_OP, logits, mean_denominator, reduction)
     extras = return_token_accuracy or return_predicted_tokens
     if reduction == "mean" and weight is None and rows_sharded(logits):
         # Rows spread over ranks (a DTensor): the sum over all of them (a Partial DTensor)
-        # divided by the number of non-ignored rows over all ranks; each rank's own mean
-        # would weigh its rows by its own count. Returned replicated, as a mean is used.
-        # (With class weights it is computed on replicated rows.)
+        # divided by the number of non-ignored rows over all ranks (or mean_denominator);
+        # each rank's own mean would weigh its rows by its own count. Returned replicated,
+        # as a mean is used. (With class weights it is computed on replicated rows.)
         if extras:
             raise NotImplementedError(
                 "fk::cross_entropy: return_token_accuracy / return_predicted_tokens with "
@@ -351,8 +498,11 @@ def _cross_entropy_autograd(keyset, logits, target, weight=None, ignore_index=-1
                 "supported; use reduction='none' there")
         loss, z, _, _ = torch.ops.fk.cross_entropy(
             logits, target, None, ignore_index, label_smoothing, "sum", lse_square_scale,
-            softcap, grad_in_logits, torch.float32)
-        count = (target != ignore_index).sum()
+            softcap, grad_in_logits, torch.float32, defer_grad=defer_grad)
+        if mean_denominator is not None:
+            count = replicated_like(mean_denominator, loss)
+        else:
+            count = (target != ignore_index).sum()
         return (reduce_partials(loss / count).to(out), reduce_partials(z / count).to(out),
                 None, None)
     if not (torch.is_grad_enabled() and logits.requires_grad):
@@ -360,11 +510,12 @@ def _cross_entropy_autograd(keyset, logits, target, weight=None, ignore_index=-1
         with torch._C._AutoDispatchBelowAutograd():
             loss, z, _, acc, pred = torch.ops.fk._cross_entropy_forward(
                 logits, target, weight, ignore_index, label_smoothing, reduction,
-                lse_square_scale, softcap, False, extras)
+                lse_square_scale, softcap, False, extras, mean_denominator)
     else:
-        loss, z, acc, pred = _CrossEntropyFunction.apply(
+        fn = _CrossEntropyDeferredFunction if defer_grad else _CrossEntropyFunction
+        loss, z, acc, pred = fn.apply(
             logits, target, weight, ignore_index, label_smoothing, reduction, lse_square_scale,
-            softcap, grad_in_logits, extras)
+            softcap, grad_in_logits, extras, mean_denominator)
     # Rounded once to the output dtype; autograd casts grad_output back to float32.
     return (loss.to(out), z.to(out), acc if return_token_accuracy else None,
             pred if return_predicted_tokens else None)

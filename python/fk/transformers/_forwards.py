@@ -231,12 +231,15 @@ def causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_i
     """Hugging Face's ``ForCausalLMLoss`` on fk's cross entropy: shifted labels,
     ``ignore_index``, a sum divided by ``num_items_in_batch`` when given, else the mean. The
     logits are returned to the caller too, so the gradient gets its own buffer. The loss is
-    float32, as Hugging Face's (which upcasts the logits to float32 first)."""
+    float32, as Hugging Face's (which upcasts the logits to float32 first).
+    ``num_items_in_batch`` is the op's mean_denominator: the division happens in the kernel,
+    so the loss's gradient needs no scaling pass over the logits in the backward."""
     target = _shifted(labels, ignore_index, shift_labels).to(logits.device)
-    loss = cross_entropy(logits.reshape(-1, vocab_size), target, ignore_index=ignore_index,
-                         reduction="mean" if num_items_in_batch is None else "sum",
-                         grad_in_logits=False, loss_dtype=torch.float32)
-    return _normalize(loss, num_items_in_batch)
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(logits.device)
+    return cross_entropy(logits.reshape(-1, vocab_size), target, ignore_index=ignore_index,
+                         reduction="mean", grad_in_logits=False, loss_dtype=torch.float32,
+                         mean_denominator=num_items_in_batch)
 
 
 def linear_causal_lm_loss(hidden, lm_head, labels, *, scale=None, softcap=None,
