@@ -1652,6 +1652,10 @@ def test_cuda_defer_grad_matches_reference(dtype, v, option):
         else:
             g_out = torch.tensor(1 / 7, device="cuda")
         ref_g = _ref_grad(x.cpu(), t.cpu(), cpu_kw, g_out.cpu())
+        # The size of the terms that cancel in a row's gradient (p * A against the target's
+        # term: all of it for V = 1), about grad_output / rows for a mean: the scale errors
+        # are measured against where the gradient itself is near zero.
+        terms = float(g_out.abs().max()) / n
         for make, in_logits in ((lambda a: a.clone(), True), (misaligned, True),
                                 (lambda a: a.clone(), False)):
             poison_cuda_cache()
@@ -1661,14 +1665,18 @@ def test_cuda_defer_grad_matches_reference(dtype, v, option):
             assert_close(out.loss, ref_loss, F32, factor=2, what="loss")
             out.loss.backward(g_out)
             assert not torch.isnan(xa.grad).any(), "unwritten gradient elements"
-            assert_close(xa.grad, ref_g, dtype, factor=2, rounding=1, what="deferred grad")
+            assert_close(xa.grad, ref_g, dtype, factor=2, rounding=1, what="deferred grad",
+                         scale=terms)
         assert torch.equal(out.predicted_tokens.cpu(),
                            ref_token_accuracy(x.cpu(), t.cpu(), softcap=kw["softcap"])[1])
         xb = x.clone().requires_grad_()
         loss_b = fk.cross_entropy(xb * 1, t, loss_dtype=F32, **kw)
-        assert torch.equal(loss_b, out.loss.detach())
+        # The same losses up to the order of the row sums (the default forward may split a
+        # row over a cluster of programs where the deferred one does not).
+        assert_close(out.loss.detach(), loss_b.detach(), F32, what="deferred vs default loss")
         loss_b.backward(g_out)
-        assert_close(xa.grad, xb.grad, dtype, factor=3, rounding=2, what="deferred vs default")
+        assert_close(xa.grad, xb.grad, dtype, factor=3, rounding=2, what="deferred vs default",
+                     scale=terms)
         assert torch.equal(xa.grad[1].cpu(), torch.zeros(v, dtype=dtype))
 
 
