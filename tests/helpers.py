@@ -165,7 +165,7 @@ def ref_grads(fn, inputs, grad_out):
     return [l.grad if l is not None and l.requires_grad else None for l in leaves]
 
 
-def assert_quantized_near(data, scales, ref, rel, pow2, subnormal_ulps=0.5):
+def assert_quantized_near(data, scales, ref, rel, pow2, subnormal_ulps=0.5, absolute=0.0):
     """1 x 128 row blocks (data, scales) of a float x that is within ``rel`` (relative, per
     element) of the float64 ``ref``, where x itself is not known bit for bit (a GPU's fp32
     math): scales within rel of ref's (within a factor 2 for pow2 scales, whose rounding up
@@ -173,7 +173,9 @@ def assert_quantized_near(data, scales, ref, rel, pow2, subnormal_ulps=0.5):
     scaled value (max(|q| 2^-4, 2^-10)) plus rel, plus 2^-22 |ref| + 2^-20 s for the float32
     product x * (1 / s) the format rounds before the float8 rounding. ``subnormal_ulps``: the
     float8 subnormal spacings (2^-9 s) allowed where x has no relative accuracy (x near a
-    zero of a function whose terms cancel there); half of one by default."""
+    zero of a function whose terms cancel there); half of one by default. ``absolute``: an
+    error allowed besides, for an x rounded to a dtype before it was quantized where that
+    rounding is absolute (half the spacing of float16's subnormals, 2^-25, below 2^-14)."""
     ref = ref.double().cpu()
     s_ref = ref_quantize_rows(ref, pow2)[1].double()
     s = scales.double().cpu()
@@ -186,7 +188,7 @@ def assert_quantized_near(data, scales, ref, rel, pow2, subnormal_ulps=0.5):
     s_full = s.t().repeat_interleave(128, dim=1)[:, :ref.shape[1]]
     bound = torch.maximum(ref.abs() * 2.0 ** -4, s_full * 2.0 ** -9 * subnormal_ulps) * \
         (1 + rel) + \
-        ref.abs() * (rel + 2.0 ** -22) + s_full * 2.0 ** -20
+        ref.abs() * (rel + 2.0 ** -22) + s_full * 2.0 ** -20 + absolute
     assert ((out - ref).abs() <= bound).all(), ((out - ref).abs() - bound).max()
 
 
