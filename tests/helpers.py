@@ -182,8 +182,11 @@ def assert_quantized_near(data, scales, ref, rel, pow2, subnormal_ulps=0.5, abso
     ratio = s / s_ref
     if pow2:
         assert ((ratio >= 0.5) & (ratio <= 2)).all()
-    else:
+    elif ref.shape[1] > 1:
         assert ((ratio - 1).abs() <= rel).all(), (ratio - 1).abs().max()
+    # (Blocks of one element, e.g. the column-wise copy of a single row: each scale is that
+    # element's own magnitude, which has no relative accuracy near a zero of a function whose
+    # terms cancel there, as dx of SiLU does; the element check below bounds it.)
     out = ref_dequantize(data.cpu(), scales.cpu(), (1, 128))
     s_full = s.t().repeat_interleave(128, dim=1)[:, :ref.shape[1]]
     bound = torch.maximum(ref.abs() * 2.0 ** -4, s_full * 2.0 ** -9 * subnormal_ulps) * \
