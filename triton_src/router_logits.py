@@ -140,11 +140,7 @@ _PRODUCTS = {
     "dx": ("fp32", "x", "x", 0, 0),
     "dw": ("fp32", "x", "fp32", 1, 0),
 }
-# sm_90's forward and grad-x tiles from benchmarks/tune_router_logits.py on an H100 (8192 x
-# 2048 -> 256, bf16): forward 64 x 128 at 4 warps 29.4 us against 35.6 at 128 x 128; grad x
-# 128 x 256 x 64 45.4 us against 47.7-57.2 for the 128 x 128 tiles (cuBLAS: 23.1 us for the
-# forward's shape). Grad weight: 62-65 us for every 128 x 128 tile, kept.
-_SM90 = {"fwd": (64, 128, 64, 8, 4, 4), "dx": (128, 256, 64, 8, 8, 3),
+_SM90 = {"fwd": (128, 128, 64, 8, 8, 3), "dx": (128, 128, 32, 8, 8, 3),
          "dw": (128, 128, 32, 8, 8, 3)}
 _SM80 = {"fwd": (128, 64, 64, 8, 8, 3), "dx": (128, 64, 32, 8, 8, 3),
          "dw": (128, 64, 32, 8, 8, 3)}
