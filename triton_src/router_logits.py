@@ -167,6 +167,12 @@ def signature(product: str, dt: str) -> dict:
     return sig
 
 
+# An aligned variant's divisibility hints: the strides and the problem's sizes (with them the
+# bounds masks of whole tiles are uniform, so the loads vectorize; the C++ side asks for an
+# aligned variant only where all of them are multiples of 16).
+_ALIGNED_INTS = ("lda", "ldb", "ldc", "M", "N", "K", "k_per_split")
+
+
 def variants(arch: int) -> list:
     out = []
     for dt in DTYPES:
@@ -182,6 +188,5 @@ def variants(arch: int) -> list:
                                                "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group},
                                    num_warps=warps, num_stages=stages,
                                    flags=flags | PRODUCT_FLAGS[product],
-                                   divisible_by_16=aligned_args(sig, flags,
-                                                                ("lda", "ldb", "ldc"))))
+                                   divisible_by_16=aligned_args(sig, flags, _ALIGNED_INTS)))
     return out

@@ -34,7 +34,9 @@ const runtime::KernelFamily& kernels() {
 void gemm(const char* op, uint32_t product, const Tensor& x, const Tensor& a, const Tensor& b,
           const Tensor& c, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
           int64_t ldc, int64_t splits, int64_t k_per_split) {
-  const bool aligned = lda % 16 == 0 && ldb % 16 == 0 && ldc % 16 == 0 &&
+  // (triton_src/router_logits.py's _ALIGNED_INTS: the strides and the sizes.)
+  const bool aligned = lda % 16 == 0 && ldb % 16 == 0 && ldc % 16 == 0 && m % 16 == 0 &&
+                       n % 16 == 0 && k % 16 == 0 && k_per_split % 16 == 0 &&
                        runtime::aligned16({&a, &b, &c});
   const auto& kern = kernels().pick(op, x, 0, product | (aligned ? runtime::kFlagAligned : 0));
   KernelArgs args;
