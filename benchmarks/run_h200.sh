@@ -9,6 +9,8 @@
 #   bench  the op benchmarks at Llama-3-8B shapes, each twice (the spread is the noise);
 #          BENCH_OPS="rope softmax" (or "rope,softmax") picks some
 #   targets  the kernel issues' target shapes, fwd + bwd (TARGET_OPS="jsd tvd" picks some)
+#   sweeps   the issues' seed-style tables: Llama-3-8B shapes over 1024-8192 tokens, fwd + bwd
+#            (SWEEP_OPS picks some)
 #   hf     full training steps of a ~1B Llama (Llama-3.2-1B shape): eager HF, fk, Liger
 #          (benchmarks/benchmark_hf_training.py; HF_ARGS is passed on, e.g. "--batch 4")
 #   compare  this wheel against another build of fk (the wheel in $COMPARE_WHEEL_DIR, e.g.
@@ -124,6 +126,16 @@ if [[ $STEPS == *targets* ]]; then
   tgt llama4_rope --tokens 8192
   tgt qwen2vl_mrope --tokens 8192
   tgt neighborhood_attention --seq-lens 8192,32768 --kernel-sizes 7,49
+fi
+if [[ $STEPS == *sweeps* ]]; then
+  # The seed-style tables the kernel issues ask for: Llama-3-8B shapes over 1024-8192 tokens
+  # (--sweep-mode token_length), fwd + bwd, every provider; SWEEP_OPS picks some.
+  for op in ${SWEEP_OPS:-jsd kl_div tvd fused_linear_jsd dyt poly_norm sparsemax llama4_rope qwen2vl_mrope}; do
+    op=${op//,/ }
+    echo "### benchmark_$op.py --model llama_3_8b --sweep-mode token_length" | tee -a "$OUT/sweep_$op.log"
+    python3 benchmarks/benchmark_$op.py --model llama_3_8b --sweep-mode token_length --modes full \
+      --measure-ceiling --out "$OUT" 2>&1 | tee -a "$OUT/sweep_$op.log"
+  done
 fi
 if [[ $STEPS == *hf* ]]; then
   # Each provider in its own process; the CSV goes to $OUT, the targets' PASS/FAIL to the log.
