@@ -127,6 +127,23 @@ CUfunction load_function(const char* op, const KernelSpec& k, int device) {
   return fn;
 }
 
+// The driver launches on the calling thread's current context. A thread that has made no
+// CUDA runtime call yet has none: autograd's device thread, for one, where torch's device
+// guard skips cudaSetDevice for the device it already names. The first load of a function
+// makes the primary context current on the loading thread only, so a kernel loaded by a
+// forward on the main thread and launched by its backward on autograd's thread would fail
+// with CUDA_ERROR_INVALID_CONTEXT. Make the device's primary context current where no
+// context is (what the runtime does on a thread's first call).
+void ensure_context(const char* op, int device) {
+  const Driver& d = driver();
+  CUcontext current = nullptr;
+  FK_CU_CHECK(d.cuCtxGetCurrent(&current), op, ": querying the current CUDA context");
+  if (current == nullptr) {
+    FK_CU_CHECK(d.cuCtxSetCurrent(device_info(device).ctx), op,
+                ": making the primary context of cuda:", device, " current");
+  }
+}
+
 }  // namespace
 
 int arch_for_capability(int major, int minor) {
@@ -245,6 +262,7 @@ void launch(const char* op, const KernelSpec& k, const Device& device,
   const int dev = device.index();
   torch::stable::accelerator::DeviceGuard guard(dev);
   CUfunction fn = load_function(op, k, dev);
+  ensure_context(op, dev);
   CUstream stream = current_stream(dev);
 
   // Triton's two hidden trailing parameters: global scratch and profile scratch.
