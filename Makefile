@@ -21,10 +21,11 @@ VENV_NEWEST ?= build/venv-torch-newest
 VENV_CPU ?= build/venv-torch-cpu
 PYTEST := -m pytest tests -q -p no:cacheprovider
 # The tests of the Triton sources (they import triton_src/ and run it under Triton's interpreter,
-# which no user of the wheel runs) stay in .venv, under torch 2.11's Triton (3.6): the Triton that
-# compiles the kernels (requirements-triton.txt, 3.9) has an interpreter that rejects a load mask
-# combined with a comparison of a scalar argument ("mask has unsupported dtype"), though its
-# compiler takes it. A CPU-only torch comes without Triton, and the newest torch brings another.
+# which no user of the wheel runs) stay in .venv, under torch 2.11's Triton (3.6, also the pin in
+# requirements-triton.txt): Triton 3.9, the build's other option, has an interpreter that rejects
+# a load mask combined with a comparison of a scalar argument ("mask has unsupported dtype"),
+# though its compiler takes it. A CPU-only torch comes without Triton, and the newest torch
+# brings another.
 NO_TRITON_SRC := -k "not interpreter and not test_variants_cover_every_dtype" \
   --ignore=tests/test_interpreter.py
 
