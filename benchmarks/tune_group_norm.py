@@ -191,12 +191,12 @@ def group_norm_bwd_cluster_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_p
     programs of one thread-block cluster (launched with the cluster attribute; the grid a
     multiple of CL, each cluster walking groups pid // CL, + grid / CL, ...; at most
     `groups` clusters, so that every program's _cluster_arrive is matched by the wait of
-    its first exchange): CL_HW
-    position ranges of hs = cdiv(HW, 16 CL_HW) * 16 positions (a multiple of 16, so the
-    loads stay vectorizable; the last ranges may be short or empty) times CL / CL_HW
-    channel ranges of cs = cdiv(Cg, CL / CL_HW) channels; cluster rank r holds channel range
-    r // CL_HW and position range r % CL_HW as one (BLOCK_C >= cs, BLOCK_HW >= hs) tile of x
-    and one of dy, loaded once and kept in registers. Each program sums w_c S_c and w_c D_c
+    its first exchange): CL_HW position ranges of hs = cdiv(HW, 16 CL_HW) * 16 positions
+    (a multiple of 16, so the loads stay vectorizable; the last ranges may be short or
+    empty) times CL / CL_HW channel ranges of cs = cdiv(Cg, CL / CL_HW) channels; cluster
+    rank r holds channel range r // CL_HW and position range r % CL_HW as one
+    (BLOCK_C >= cs, BLOCK_HW >= min(hs, HW)) tile of x and one of dy, loaded once and kept
+    in registers. Each program sums w_c S_c and w_c D_c
     over its tile, the cluster exchanges these two floats through distributed shared memory
     (cross_entropy's _cluster_exchange: one hardware cluster barrier per group), each
     program adds the CL pairs in rank order (so every program of the cluster gets the same
