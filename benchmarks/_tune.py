@@ -1,7 +1,8 @@
 """Helpers of the launch-configuration sweeps tune_jsd.py, tune_group_norm.py, tune_dyt.py
 and tune_poly_norm.py: timing (GPU median, or one run under the Triton interpreter), the
-measured copy bandwidth the times are read against, and the closeness check each candidate
-kernel passes before it is timed.
+measured copy bandwidth the times are read against, the closeness check each candidate
+kernel passes before it is timed, and a stand-in for cross_entropy's cluster exchange under
+the interpreter.
 
 With ``--device cpu`` (and TRITON_INTERPRET=1 in the environment) a script runs every
 kernel once at a small shape on torch CPU tensors: a check of the candidate kernels' logic,
