@@ -368,23 +368,32 @@ def raise_when_differentiated(op: str, *grads):
     return _autograd._raising(op, grads)
 
 
-def scale_stored_grad(op: str, stored: torch.Tensor, grad_loss: torch.Tensor) -> torch.Tensor:
-    """The backward of a gradient the forward computed for a grad_output of 1 (2-D): scaled
-    by grad_loss in place where that is safe (plain eager, the graph not retained, no
-    higher-order graph) and returned as a new tensor object on the same memory (so a leaf's
-    .grad takes it without a copy), else into a new tensor. Under create_graph the result
-    raises when differentiated (an error naming `op`)."""
+def grad_in_place_or_new(op: str, dst: torch.Tensor, grad_loss: torch.Tensor, out_of_place,
+                         in_place, args: tuple, may_write: bool = True) -> torch.Tensor:
+    """The gradient a backward op computes from ``args``: into ``dst``'s own memory by
+    ``in_place(*args)`` where that is safe and ``may_write`` (plain eager, the graph not
+    retained, no higher-order graph; ``dst``'s version counter is bumped, and a new tensor
+    object on the same memory is returned, so a leaf's .grad takes it without a copy), else
+    into a new tensor by ``out_of_place(*args)``. Under create_graph the result raises when
+    differentiated (an error naming `op`)."""
     if torch.is_grad_enabled():  # create_graph
         with torch.no_grad(), torch._C._AutoDispatchBelowAutograd():
-            out = torch.ops.fk._cross_entropy_backward(stored, grad_loss)
+            out = out_of_place(*args)
         return raise_when_differentiated(op, out)[0]
     with torch._C._AutoDispatchBelowAutograd():
-        if (not torch._C._autograd._get_current_graph_task_keep_graph()
-                and stored.is_contiguous() and plain_eager(stored, grad_loss)):
-            torch.ops.fk._cross_entropy_backward_(stored, grad_loss)
-            increment_version(stored)
-            return stored.detach()
-        return torch.ops.fk._cross_entropy_backward(stored, grad_loss)
+        if (may_write and not torch._C._autograd._get_current_graph_task_keep_graph()
+                and dst.is_contiguous() and plain_eager(dst, grad_loss)):
+            in_place(*args)
+            increment_version(dst)
+            return dst.detach()
+        return out_of_place(*args)
+
+
+def scale_stored_grad(op: str, stored: torch.Tensor, grad_loss: torch.Tensor) -> torch.Tensor:
+    """The backward of a gradient the forward computed for a grad_output of 1 (2-D): scaled
+    by grad_loss, in place where that is safe (grad_in_place_or_new)."""
+    return grad_in_place_or_new(op, stored, grad_loss, torch.ops.fk._cross_entropy_backward,
+                                torch.ops.fk._cross_entropy_backward_, (stored, grad_loss))
 
 
 class _CrossEntropyFunction(torch.autograd.Function):
@@ -463,18 +472,12 @@ class _CrossEntropyDeferredFunction(torch.autograd.Function):
         if grad_loss is None:
             return (None,) * 11
         x, target, weight, lse, den = ctx.saved_tensors
-        args = (target, weight, lse, den, grad_loss) + ctx.options
-        if torch.is_grad_enabled():  # create_graph
-            with torch.no_grad(), torch._C._AutoDispatchBelowAutograd():
-                out = torch.ops.fk._cross_entropy_deferred_backward(x, *args)
-            return (raise_when_differentiated(_OP, out)[0],) + (None,) * 10
-        with torch._C._AutoDispatchBelowAutograd():
-            if (ctx.in_logits and not torch._C._autograd._get_current_graph_task_keep_graph()
-                    and plain_eager(x, grad_loss)):
-                torch.ops.fk._cross_entropy_deferred_backward_(x, *args)
-                increment_version(x)
-                return (x.detach(),) + (None,) * 10
-            return (torch.ops.fk._cross_entropy_deferred_backward(x, *args),) + (None,) * 10
+        args = (x, target, weight, lse, den, grad_loss) + ctx.options
+        grad = grad_in_place_or_new(_OP, x, grad_loss,
+                                    torch.ops.fk._cross_entropy_deferred_backward,
+                                    torch.ops.fk._cross_entropy_deferred_backward_, args,
+                                    ctx.in_logits)
+        return (grad,) + (None,) * 10
 
 
 def _cross_entropy_autograd(keyset, logits, target, weight=None, ignore_index=-100,

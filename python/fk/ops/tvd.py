@@ -9,10 +9,9 @@ fk::_tvd_forward and fk::_tvd_backward(_) have fake kernels and no autograd form
 from typing import Optional
 
 import torch
-from torch.autograd.graph import increment_version
 
-from . import _autograd, _checks as c
-from .cross_entropy import plain_eager
+from . import _checks as c
+from .cross_entropy import grad_in_place_or_new
 
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
 _OP = "fk::tvd"
@@ -103,20 +102,10 @@ def _backward_inplace_fake(grad, grad_loss):
 # --- autograd -------------------------------------------------------------------------------
 
 def _scale_stored_grad(stored: torch.Tensor, grad_loss: torch.Tensor) -> torch.Tensor:
-    """The gradient the forward stored (for a grad_output of 1) times grad_loss: in place
-    where that is safe (plain eager, the graph not retained, no higher-order graph), else
-    into a new tensor; under create_graph the result raises when differentiated."""
-    if torch.is_grad_enabled():  # create_graph
-        with torch.no_grad(), torch._C._AutoDispatchBelowAutograd():
-            out = torch.ops.fk._tvd_backward(stored, grad_loss)
-        return _autograd._raising(_OP, (out,))[0]
-    with torch._C._AutoDispatchBelowAutograd():
-        if (not torch._C._autograd._get_current_graph_task_keep_graph()
-                and stored.is_contiguous() and plain_eager(stored, grad_loss)):
-            torch.ops.fk._tvd_backward_(stored, grad_loss)
-            increment_version(stored)
-            return stored.detach()
-        return torch.ops.fk._tvd_backward(stored, grad_loss)
+    """The gradient the forward stored (for a grad_output of 1) times grad_loss, in place
+    where that is safe (cross entropy's grad_in_place_or_new)."""
+    return grad_in_place_or_new(_OP, stored, grad_loss, torch.ops.fk._tvd_backward,
+                                torch.ops.fk._tvd_backward_, (stored, grad_loss))
 
 
 class _TvdFunction(torch.autograd.Function):
