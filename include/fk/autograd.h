@@ -1288,29 +1288,43 @@ inline at::ScalarType loss_output_dtype(const char* op, const at::Tensor& like,
 // .grad takes it without a copy), else into a new tensor. Under create_graph the result
 // raises when differentiated (it depends on a gradient the internal ops cannot
 // differentiate). `op` names the formula in that error.
-inline at::Tensor scale_stored_grad(const char* op, at::Tensor stored,
-                                    const at::Tensor& grad_loss) {
-  static const auto backward =
-      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fk::_cross_entropy_backward");
+// The gradient a backward op computes: into dst's own memory by in_place() where that is
+// safe and may_write (plain eager, the graph not retained, no higher-order graph; dst's
+// version counter bumped, a new tensor object on the same memory returned), else into a new
+// tensor by out_of_place(); under create_graph the result raises when differentiated.
+template <typename OutOfPlace, typename InPlace>
+at::Tensor grad_in_place_or_new(const char* op, at::Tensor dst, const at::Tensor& grad_loss,
+                                bool may_write, OutOfPlace out_of_place, InPlace in_place) {
   if (at::GradMode::is_enabled()) {  // create_graph
     at::Tensor out;
     {
       at::NoGradGuard no_grad;
       at::AutoDispatchBelowADInplaceOrView guard;
-      out = backward.call(stored, grad_loss);
+      out = out_of_place();
     }
     return raise_when_differentiated(op, {out})[0];
   }
   at::AutoDispatchBelowADInplaceOrView guard;
-  if (!torch::autograd::get_current_graph_task_keep_graph() && stored.is_contiguous() &&
-      plain_eager({&stored, &grad_loss})) {
-    static const auto in_place = detail::op<void(at::Tensor&, const at::Tensor&)>(
-        "fk::_cross_entropy_backward_");
-    in_place.call(stored, grad_loss);
-    bump_version(stored);
-    return stored.detach();
+  if (may_write && !torch::autograd::get_current_graph_task_keep_graph() &&
+      dst.is_contiguous() && plain_eager({&dst, &grad_loss})) {
+    in_place();
+    bump_version(dst);
+    return dst.detach();
   }
-  return backward.call(stored, grad_loss);
+  return out_of_place();
+}
+
+// The backward of a gradient the forward computed for a grad_output of 1: scaled by
+// grad_loss, in place where that is safe (grad_in_place_or_new).
+inline at::Tensor scale_stored_grad(const char* op, at::Tensor stored,
+                                    const at::Tensor& grad_loss) {
+  static const auto backward =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fk::_cross_entropy_backward");
+  static const auto in_place = detail::op<void(at::Tensor&, const at::Tensor&)>(
+      "fk::_cross_entropy_backward_");
+  return grad_in_place_or_new(
+      op, stored, grad_loss, true, [&] { return backward.call(stored, grad_loss); },
+      [&] { in_place.call(stored, grad_loss); });
 }
 
 }  // namespace detail
@@ -1457,34 +1471,21 @@ class CrossEntropyDeferredFunction
                               const std::optional<at::Tensor>&, const at::Tensor&,
                               const at::Tensor&, const at::Tensor&, int64_t, double, double,
                               std::optional<double>)>("fk::_cross_entropy_deferred_backward");
-    if (at::GradMode::is_enabled()) {  // create_graph
-      at::Tensor g;
-      {
-        at::NoGradGuard no_grad;
-        at::AutoDispatchBelowADInplaceOrView guard;
-        g = backward_op.call(x, saved[1], weight, saved[3], saved[4], grad_loss, ignore_index,
-                             label_smoothing, lse_square_scale, softcap);
-      }
-      out[0] = detail::raise_when_differentiated(kOp, {g})[0];
-      return out;
-    }
-    at::AutoDispatchBelowADInplaceOrView guard;
-    if (ctx->saved_data["in_logits"].toBool() &&
-        !torch::autograd::get_current_graph_task_keep_graph() &&
-        detail::plain_eager({&x, &grad_loss})) {
-      static const auto in_place =
-          detail::op<void(at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                          const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
-                          double, double, std::optional<double>)>(
-              "fk::_cross_entropy_deferred_backward_");
-      in_place.call(x, saved[1], weight, saved[3], saved[4], grad_loss, ignore_index,
-                    label_smoothing, lse_square_scale, softcap);
-      detail::bump_version(x);
-      out[0] = x.detach();
-      return out;
-    }
-    out[0] = backward_op.call(x, saved[1], weight, saved[3], saved[4], grad_loss, ignore_index,
-                              label_smoothing, lse_square_scale, softcap);
+    static const auto in_place =
+        detail::op<void(at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                        const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                        double, double, std::optional<double>)>(
+            "fk::_cross_entropy_deferred_backward_");
+    out[0] = detail::grad_in_place_or_new(
+        kOp, x, grad_loss, ctx->saved_data["in_logits"].toBool(),
+        [&] {
+          return backward_op.call(x, saved[1], weight, saved[3], saved[4], grad_loss,
+                                  ignore_index, label_smoothing, lse_square_scale, softcap);
+        },
+        [&] {
+          in_place.call(x, saved[1], weight, saved[3], saved[4], grad_loss, ignore_index,
+                        label_smoothing, lse_square_scale, softcap);
+        });
     return out;
   }
 };
@@ -1672,27 +1673,11 @@ class TvdFunction : public torch::autograd::Function<TvdFunction> {
     at::Tensor stored = ctx->get_saved_variables()[0];
     static const auto scaled =
         detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fk::_tvd_backward");
-    if (at::GradMode::is_enabled()) {  // create_graph
-      at::Tensor g;
-      {
-        at::NoGradGuard no_grad;
-        at::AutoDispatchBelowADInplaceOrView guard;
-        g = scaled.call(stored, grads[0]);
-      }
-      out[0] = detail::raise_when_differentiated(kOp, {g})[0];
-      return out;
-    }
-    at::AutoDispatchBelowADInplaceOrView guard;
-    if (!torch::autograd::get_current_graph_task_keep_graph() && stored.is_contiguous() &&
-        detail::plain_eager({&stored, &grads[0]})) {
-      static const auto in_place =
-          detail::op<void(at::Tensor&, const at::Tensor&)>("fk::_tvd_backward_");
-      in_place.call(stored, grads[0]);
-      detail::bump_version(stored);
-      out[0] = stored.detach();
-    } else {
-      out[0] = scaled.call(stored, grads[0]);
-    }
+    static const auto in_place =
+        detail::op<void(at::Tensor&, const at::Tensor&)>("fk::_tvd_backward_");
+    out[0] = detail::grad_in_place_or_new(
+        kOp, stored, grads[0], true, [&] { return scaled.call(stored, grads[0]); },
+        [&] { in_place.call(stored, grads[0]); });
     return out;
   }
 
