@@ -38,15 +38,14 @@ import _tune as T
 import jsd as K  # noqa: E402 (triton_src on the path through _tune)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-LOG2E = tl.constexpr(1.4426950408889634)
-LN2 = tl.constexpr(0.6931471805599453)
+LOG2E = K.LOG2E
+LN2 = K.LN2
 
 
 @triton.jit
 def _ex2(u, ASM: tl.constexpr):
     if ASM:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [u],
-                                         dtype=tl.float32, is_pure=True, pack=1)
+        return K._ex2(u)
     else:
         return tl.exp2(u)
 
@@ -54,8 +53,7 @@ def _ex2(u, ASM: tl.constexpr):
 @triton.jit
 def _lg2(u, ASM: tl.constexpr):
     if ASM:
-        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [u],
-                                         dtype=tl.float32, is_pure=True, pack=1)
+        return K._lg2(u)
     else:
         return tl.log2(u)
 
