@@ -512,20 +512,27 @@ def main():
     tiles = [lib] if args.quick else [lib, (1, 4096, 8), (2, 2048, 8), (4, 1024, 8),
                                       (2, 4096, 32), (1, 8192, 16)]
     tiles = [t for t in tiles if t[0] <= cg and t[1] <= triton.next_power_of_2(hw)]
-    best = None
-    for t in tiles:
-        seen = set()
-        for per_sm in (1, 2, 4):
-            for budget_mb in (16, 32, 48):
-                p = programs(per_sm, group_bytes, budget_mb << 20)
-                if p in seen:
-                    continue
-                seen.add(p)
-                ms = T.timed(f"fwd tile={t} per_sm={per_sm} L2 budget {budget_mb} MB "
-                             f"({p} programs)", fwd(*t, p), fwd_bytes)
-                if ms is not None and (best is None or ms < best[0]):
-                    best = (ms, t, p)
-    _, t, p = best
+
+    def best_of(name, make, nbytes, bytes_per_group):
+        """(tile, programs) of the fastest of `name` over the tiles and the programs the
+        launcher would run for 1, 2 or 4 per multiprocessor and an L2 budget of 16, 32 or
+        48 MB (each distinct count timed once)."""
+        best = None
+        for t in tiles:
+            seen = set()
+            for per_sm in (1, 2, 4):
+                for budget_mb in (16, 32, 48):
+                    p = programs(per_sm, bytes_per_group, budget_mb << 20)
+                    if p in seen:
+                        continue
+                    seen.add(p)
+                    ms = T.timed(f"{name} tile={t} per_sm={per_sm} L2 budget {budget_mb} MB "
+                                 f"({p} programs)", make(*t, p), nbytes)
+                    if ms is not None and (best is None or ms < best[0]):
+                        best = (ms, t, p)
+        return best[1:]
+
+    t, p = best_of("fwd", fwd, fwd_bytes, group_bytes)
     print(f"-- forward forms at the best ({t}, {p} programs)", flush=True)
     for stages in (1, 2, 3):
         T.timed(f"fwd num_stages={stages}", fwd(*t, p, stages=stages), fwd_bytes)
@@ -537,20 +544,7 @@ def main():
     rstd.copy_(rstd_ref)
 
     print(f"-- backward (library: {lib}, {lib_bwd_p} programs)", flush=True)
-    best = None
-    for t in tiles:
-        seen = set()
-        for per_sm in (1, 2, 4):
-            for budget_mb in (16, 32, 48):
-                p = programs(per_sm, 2 * group_bytes, budget_mb << 20)
-                if p in seen:
-                    continue
-                seen.add(p)
-                ms = T.timed(f"bwd tile={t} per_sm={per_sm} L2 budget {budget_mb} MB "
-                             f"({p} programs)", bwd(*t, p), bwd_bytes)
-                if ms is not None and (best is None or ms < best[0]):
-                    best = (ms, t, p)
-    _, t, p = best
+    t, p = best_of("bwd", bwd, bwd_bytes, 2 * group_bytes)
     print(f"-- backward forms at the best ({t}, {p} programs)", flush=True)
     for stages in (1, 2, 3):
         T.timed(f"bwd num_stages={stages}", bwd(*t, p, stages=stages), bwd_bytes)
