@@ -1,7 +1,10 @@
 """Host time of one call, fwd and fwd+bwd, for fk ops and torch's, at a shape small enough
 that the GPU waits on the host: what a call costs in Python, dispatcher, autograd and launch.
 
-    python benchmarks/probes/host_overhead.py [--rows 64] [--hidden 4096] [--profile]
+    python benchmarks/probes/host_overhead.py [--rows 64] [--hidden 4096] [--profile OP]
+
+OP (for --profile): one of the case names below, e.g. "fk.dyt"; the profile lists self CPU
+time per operator over 50 forward + backward calls.
 """
 import argparse
 import time
@@ -28,13 +31,20 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile", default="", help="case to profile (CPU)")
+    ap.add_argument("--experts", type=int, default=256, help="router_logits' experts")
     a = ap.parse_args()
     dev, dt, n = "cuda", torch.bfloat16, a.hidden
     x = torch.randn(a.rows, n, device=dev, dtype=dt, requires_grad=True)
     w = torch.randn(n, device=dev, dtype=dt, requires_grad=True)
     b = torch.randn(n, device=dev, dtype=dt, requires_grad=True)
     dy = torch.randn(a.rows, n, device=dev, dtype=dt)
+    alpha = torch.full((1,), 0.5, device=dev, dtype=dt, requires_grad=True)
+    pw = torch.randn(3, device=dev, dtype=dt, requires_grad=True)
+    pb = torch.randn(1, device=dev, dtype=dt, requires_grad=True)
+    rw = torch.randn(a.experts, n, device=dev, dtype=dt, requires_grad=True)
+    grads = {"fk.router_logits": torch.randn(a.rows, a.experts, device=dev)}
+    params = (x, w, b, alpha, pw, pb, rw)
     cases = {
         "torch layer_norm": lambda: F.layer_norm(x, (n,), w, b, 1e-5),
         "fk.layer_norm": lambda: fk.layer_norm(x, w, b, 1e-5),
@@ -42,7 +52,13 @@ def main():
         "torch rms_norm": lambda: F.rms_norm(x, (n,), w, 1e-5),
         "fk.rms_norm": lambda: fk.rms_norm(x, w, 1e-5),
         "torch add (1 kernel)": lambda: x + w,
+        "fk.dyt": lambda: fk.dyt(x, alpha, w, b),
+        "torch dyt (3 kernels)": lambda: w * torch.tanh(alpha * x) + b,
+        "fk.poly_norm": lambda: fk.poly_norm(x, pw, pb, 1e-6),
+        "fk.router_logits": lambda: fk.router_logits(x, rw),
+        "torch router (fp32 copies)": lambda: x.float() @ rw.float().t(),
     }
+    grads["torch router (fp32 copies)"] = grads["fk.router_logits"]
     print(f"host us per call, {a.rows} x {n} bf16 (GPU idle-bound shapes)")
     print(f"{'case':28s} {'fwd no grad':>12s} {'fwd':>8s} {'fwd+bwd':>8s}")
     for name, f in cases.items():
@@ -50,9 +66,10 @@ def main():
             t_ng = per_call_us(f)
         t_f = per_call_us(f)
 
-        def full():
-            f().backward(dy)
-            x.grad = w.grad = b.grad = None
+        def full(f=f, g=grads.get(name, dy)):
+            f().backward(g)
+            for t in params:
+                t.grad = None
         t_fb = per_call_us(full)
         print(f"{name:28s} {t_ng:12.1f} {t_f:8.1f} {t_fb:8.1f}")
     with torch.no_grad():
@@ -60,11 +77,12 @@ def main():
               f"{per_call_us(lambda: torch.ops.fk._layer_norm_forward(x, w, b, 1e-5)):12.1f}")
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
-        f = cases["fk.layer_norm"]
+        f, g = cases[a.profile], grads.get(a.profile, dy)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(50):
-                f().backward(dy)
-                x.grad = w.grad = b.grad = None
+                f().backward(g)
+                for t in params:
+                    t.grad = None
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25,
                                         max_name_column_width=60))
 
