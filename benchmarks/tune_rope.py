@@ -48,6 +48,43 @@ def launcher(q, k, qo, ko, cos, sin, hb, bs, bh, steps, warps, heads_fastest):
     return run
 
 
+def sweep(time_cfg, hq, hkv, hb, natural, nbytes, top, aot, ceiling):
+    """Time tiles (BS, BH, STEPS, warps, heads_fastest) of a rotary kernel over q and k
+    (``time_cfg(cfg)`` -> ms), print the best ``top`` (their share of ``ceiling``, a copy
+    bandwidth in B/s) and the AOT tile's time (shared by the rotary-embedding sweeps)."""
+    results = []
+    # Phase 1: tile shape and warps, one head block per program or all of them (cos / sin
+    # loaded once per seq block), grid in memory order.
+    for bs, bh, warps in itertools.product((1, 2, 4, 8, 16), (2, 4, 8, 16), (2, 4, 8)):
+        elems = bs * bh * hb * 2
+        if not 1024 <= elems <= 16384 or elems // (32 * warps) < 8:
+            continue
+        nblk = triton.cdiv(hq, bh) + triton.cdiv(hkv, bh)
+        for steps in sorted({1, nblk}):
+            cfg = (bs, bh, steps, warps, natural)
+            results.append((time_cfg(cfg), cfg))
+    results.sort()
+    # Phase 2: the best tiles with other head blocks per program, and either grid order.
+    for _, (bs, bh, _, warps, _) in results[:3]:
+        nblk = triton.cdiv(hq, bh) + triton.cdiv(hkv, bh)
+        for steps, hf in itertools.product(sorted({1, 2, 4, nblk}), (0, 1)):
+            cfg = (bs, bh, steps, warps, hf)
+            if any(c == cfg for _, c in results):
+                continue
+            results.append((time_cfg(cfg), cfg))
+    results.sort()
+    print("   us     GB/s  % of copy ceiling   BS  BH  STEPS  warps  heads_fastest")
+    for ms, (bs, bh, steps, warps, hf) in results[:top]:
+        print(f"{ms * 1e3:7.1f}  {nbytes / ms / 1e6:6.0f}  {nbytes / ms * 1e3 / ceiling * 100:5.1f} %"
+              f"           {bs:3d} {bh:3d}  {steps:5d}  {warps:5d}  {hf:13d}")
+    if aot is not None:
+        cfg = (*aot[:3], aot[3], natural)
+        ms = next((m for m, c in results if c == cfg), None)
+        if ms is None:
+            ms = time_cfg(cfg)
+        print(f"AOT tile {cfg}: {ms * 1e3:.1f} us, {nbytes / ms / 1e6:.0f} GB/s")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=4)
@@ -63,6 +100,7 @@ def main():
     big = torch.empty(1 << 30, device="cuda", dtype=torch.uint8)
     big2 = torch.empty_like(big)
     ms = bench(lambda: big2.copy_(big))
+    ceiling = 2 * big.numel() / ms * 1e3
     print(f"rope tuning, bf16, batch {b} seq {s} heads {hq}/{hkv}, {sms} SMs; torch copy 1 GiB: "
           f"{2 * big.numel() / ms / 1e6:6.0f} GB/s")
     del big, big2
@@ -74,7 +112,7 @@ def main():
         cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
         nbytes = 2 * b * s * (hq + hkv) * d * 2 + 2 * s * d * 2
         print(f"\nhead_dim {d} (HB {hb}): {nbytes / 1e6:.1f} MB moved per pass, floor "
-              f"{nbytes / 4.2e12 * 1e6:.1f} us at 4.2 TB/s; AOT tile (BS, BH, STEPS, warps) "
+              f"{nbytes / ceiling * 1e6:.1f} us at the copy bandwidth; AOT tile (BS, BH, STEPS, warps) "
               f"{K._TILES['default'].get(hb)}")
         for layout in ("bshd", "bhsd"):
             q, k, qo, ko = inputs(layout, b, s, hq, hkv, d, dtype)
@@ -85,40 +123,8 @@ def main():
                   f"{2 * src.numel() * 2 / ms / 1e6:6.0f} GB/s")
             del src, dst
             natural = 1 if layout == "bshd" else 0
-            results = []
-            # Phase 1: tile shape and warps, one head block per program or all of them (cos /
-            # sin loaded once per seq block), grid in memory order.
-            for bs, bh, warps in itertools.product((1, 2, 4, 8, 16), (2, 4, 8, 16), (2, 4, 8)):
-                elems = bs * bh * hb * 2
-                if not 1024 <= elems <= 16384 or elems // (32 * warps) < 8:
-                    continue
-                nblk = triton.cdiv(hq, bh) + triton.cdiv(hkv, bh)
-                for steps in sorted({1, nblk}):
-                    cfg = (bs, bh, steps, warps, natural)
-                    ms = bench(launcher(q, k, qo, ko, cos, sin, hb, *cfg))
-                    results.append((ms, cfg))
-            results.sort()
-            # Phase 2: the best tiles with other head blocks per program, and either grid order.
-            for _, (bs, bh, _, warps, _) in results[:3]:
-                nblk = triton.cdiv(hq, bh) + triton.cdiv(hkv, bh)
-                for steps, hf in itertools.product(sorted({1, 2, 4, nblk}), (0, 1)):
-                    cfg = (bs, bh, steps, warps, hf)
-                    if any(c == cfg for _, c in results):
-                        continue
-                    ms = bench(launcher(q, k, qo, ko, cos, sin, hb, *cfg))
-                    results.append((ms, cfg))
-            results.sort()
-            print("   us     GB/s  % of copy ceiling   BS  BH  STEPS  warps  heads_fastest")
-            for ms, (bs, bh, steps, warps, hf) in results[:args.top]:
-                print(f"{ms * 1e3:7.1f}  {nbytes / ms / 1e6:6.0f}  {nbytes / ms / 1e9 / 4.2 * 100:5.1f} %"
-                      f"           {bs:3d} {bh:3d}  {steps:5d}  {warps:5d}  {hf:13d}")
-            aot = K._TILES["default"].get(hb)
-            if aot is not None:
-                cfg = (*aot[:3], aot[3], natural)
-                ms = next((m for m, c in results if c == cfg), None)
-                if ms is None:
-                    ms = bench(launcher(q, k, qo, ko, cos, sin, hb, *cfg))
-                print(f"AOT tile {cfg}: {ms * 1e3:.1f} us, {nbytes / ms / 1e6:.0f} GB/s")
+            sweep(lambda cfg: bench(launcher(q, k, qo, ko, cos, sin, hb, *cfg)), hq, hkv, hb,
+                  natural, nbytes, args.top, K._TILES["default"].get(hb), ceiling)
             try:
                 import fk
                 qr, kr = q.detach(), k.detach()
