@@ -72,9 +72,34 @@ def main():
                 t.grad = None
         t_fb = per_call_us(full)
         print(f"{name:28s} {t_ng:12.1f} {t_f:8.1f} {t_fb:8.1f}")
+    split = {}
     with torch.no_grad():
         print(f"{'_layer_norm_forward direct':28s} "
               f"{per_call_us(lambda: torch.ops.fk._layer_norm_forward(x, w, b, 1e-5)):12.1f}")
+    # One operator below autograd (no dispatch to its Python autograd formula): the same call with CPU tensors (the
+    # dispatcher, the stable-ABI boxing and fk's checks, plus a CPU kernel of 64 elements) and
+    # with CUDA tensors (plus allocation, device guard, stream, context and launch).
+    print(f"\n{'below autograd, 1 x 64 bf16':44s} {'cpu':>8s} {'cuda':>8s}")
+    for dev2 in ("cpu", "cuda"):
+        xs = torch.randn(1, 64, device=dev2, dtype=dt)
+        ws, al = torch.randn(64, device=dev2, dtype=dt), torch.ones(1, device=dev2, dtype=dt)
+        x0 = xs[:0]
+        small = {
+            "torch.ops.aten.tanh.default": lambda: torch.ops.aten.tanh.default(xs),
+            "torch.ops.aten.empty_like.default": lambda: torch.ops.aten.empty_like.default(xs),
+            "torch.ops.fk.dyt.default, 0 rows (no kernel)": lambda:
+                torch.ops.fk.dyt.default(x0, al, ws, ws),
+            "torch.ops.fk.dyt.default": lambda: torch.ops.fk.dyt.default(xs, al, ws, ws),
+            "torch.ops.fk._dyt_backward.default": lambda: torch.ops.fk._dyt_backward.default(
+                xs, xs, al, ws, ws, [True, True, True, True]),
+            "torch.ops.fk._rms_norm_forward.default": lambda:
+                torch.ops.fk._rms_norm_forward.default(xs, ws, 1e-6, 0.0, "llama"),
+        }
+        for name, f in small.items():
+            with torch.no_grad(), torch._C._AutoDispatchBelowAutograd():
+                split.setdefault(name, []).append(per_call_us(f, iters=2000))
+    for name, (t_cpu, t_cuda) in split.items():
+        print(f"{name:44s} {t_cpu:8.1f} {t_cuda:8.1f}")
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
         f, g = cases[a.profile], grads.get(a.profile, dy)
