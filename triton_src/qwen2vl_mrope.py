@@ -29,6 +29,7 @@ import triton.language as tl
 from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args, qk_head_rows
 
 FLAG_COS_FP32 = 2  # cos / sin are float32 (otherwise they have q's dtype)
+FLAG_SEC8 = 4      # SEC8 = 1: sectioned streams, section bounds and cos strides multiples of 8
 
 # Bits of the kernel's run-time ``mode`` argument.
 MODE_INTERLEAVED = tl.constexpr(1)     # Qwen3-VL stream assignment
@@ -53,7 +54,7 @@ def qwen2vl_mrope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, q_sb, q
                          k_sb, k_sh, k_ss, qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss, cos_st,
                          cos_sb, cos_ss, S, Hq, Hkv, half, sec_t, sec_h, sec_w, mode,
                          HB: tl.constexpr, BS: tl.constexpr,
-                         BH: tl.constexpr, STEPS: tl.constexpr):
+                         BH: tl.constexpr, STEPS: tl.constexpr, SEC8: tl.constexpr = 0):
     interleaved = mode & MODE_INTERLEAVED
     inverse = (mode & MODE_INVERSE) // MODE_INVERSE
     nqb = tl.cdiv(Hq, BH)
@@ -87,6 +88,10 @@ def qwen2vl_mrope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, q_sb, q
         else:
             stream = (pairs >= sec_t).to(tl.int32) + (pairs >= sec_t + sec_h).to(tl.int32)
         col = stream.to(tl.int64) * cos_st + pairs
+        if SEC8:
+            # Sectioned streams whose bounds and cos_st are multiples of 8: col runs in
+            # aligned groups of 8 contiguous entries, so cos / sin load as 16-byte vectors.
+            col = tl.max_contiguous(tl.multiple_of(col, 8), 8)
         cmask = s_mask[:, None] & pmask[None, :]
         at = row[:, None] + col[None, :]
         c1 = tl.load(cos_ptr + at, mask=cmask, other=0.0).to(tl.float32)[:, None, :]
@@ -106,10 +111,16 @@ ARGS = ("q_ptr", "k_ptr", "qo_ptr", "ko_ptr", "cos_ptr", "sin_ptr",
         "S", "Hq", "Hkv", "half", "sec_t", "sec_h", "sec_w", "mode")
 STRIDES = ARGS[6:21]
 
-# Tiles per pair block HB: (BS seq positions, BH heads, STEPS head blocks per program,
-# warps): BS * BH rows of 2 * HB elements, 4096 elements per program (fk.rope's tiles).
+# Tiles per pair block HB and SEC8: (BS seq positions, BH heads, STEPS head blocks per
+# program, warps). H100 sweep (benchmarks/tune_qwen2vl_mrope.py, Qwen2-VL-7B shapes, head
+# groups fastest): with cos / sin as 16-byte vectors (SEC8) one head block per program is
+# best (83 % of copy); with element-wise cos / sin loads the program amortizes them over 8
+# head blocks (80 %; one block: 66 %).
 _TILES = {
-    "default": {32: (16, 4, 1, 2), 64: (8, 4, 1, 2), 128: (4, 4, 1, 2)},
+    "default": {
+        0: {32: (16, 4, 8, 2), 64: (8, 4, 8, 2), 128: (4, 4, 8, 2)},
+        1: {32: (16, 2, 1, 2), 64: (8, 2, 1, 2), 128: (4, 2, 1, 2)},
+    },
 }
 HALF_BLOCKS = (32, 64, 128)
 
@@ -124,15 +135,17 @@ def variants(arch: int) -> list:
     extra = STRIDES + ("half",)
     for dt in DTYPES:
         for cos_dt in _cos_dtypes(dt):
-            for aligned in (0, FLAG_ALIGNED):
-                flags = aligned | (FLAG_COS_FP32 if cos_dt != dt else 0)
+            # SEC8's vector loads need the aligned variant's hints.
+            for aligned, sec8 in ((0, 0), (FLAG_ALIGNED, 0), (FLAG_ALIGNED, 1)):
+                flags = (aligned | (FLAG_COS_FP32 if cos_dt != dt else 0)
+                         | (FLAG_SEC8 if sec8 else 0))
                 for hb in HALF_BLOCKS:
-                    bs, bh, steps, warps = tiles[hb]
+                    bs, bh, steps, warps = tiles[sec8][hb]
                     sig = {a: (f"*{cos_dt}" if a in ("cos_ptr", "sin_ptr") else f"*{dt}")
                            for a in ARGS[:6]}
                     sig.update({a: "i64" for a in STRIDES})
                     sig.update({a: "i32" for a in ARGS[21:]})
-                    cx = {"HB": hb, "BS": bs, "BH": bh, "STEPS": steps}
+                    cx = {"HB": hb, "BS": bs, "BH": bh, "STEPS": steps, "SEC8": sec8}
                     sig.update({c: "constexpr" for c in cx})
                     out.append(Variant(family="qwen2vl_mrope", kernel="qwen2vl_mrope_kernel",
                                        dtype=dt, block=hb, signature=sig, constexprs=cx,

@@ -97,6 +97,7 @@ CONFIGS = {
     "qwen2_empty_t": (12, [0, 4, 2], False),
     "qwen3": (16, [4, 2, 2], True),
     "qwen3_long_h": (20, [2, 5, 3], True),
+    "qwen2_sec8": (32, [8, 0, 8], False),  # bounds on multiples of 8 pairs: SEC8 applies
 }
 
 
@@ -109,7 +110,7 @@ def _cos_sin(b, s, d, dtype, cos_batch, device="cpu"):
 # --- level 1: the Triton source under the interpreter ---------------------------------
 
 def _run_interpreter(mod, q, k, cos, sin, section, interleaved, inverse, hb, bs, bh, steps,
-                     heads_fastest):
+                     heads_fastest, sec8=0):
     b, hq, s, d = q.shape
     hkv = k.shape[1]
     qo, ko = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
@@ -119,29 +120,32 @@ def _run_interpreter(mod, q, k, cos, sin, section, interleaved, inverse, hb, bs,
     mod.qwen2vl_mrope_kernel[(b * cdiv(s, bs) * groups,)](
         q, k, qo, ko, cos, sin, *strides, cos.stride(0),
         0 if cos.shape[1] == 1 else cos.stride(1), cos.stride(2), s, hq, hkv, d // 2,
-        *section, mode, HB=hb, BS=bs, BH=bh, STEPS=steps)
+        *section, mode, HB=hb, BS=bs, BH=bh, STEPS=steps, SEC8=sec8)
     return qo, ko
 
 
 INTERP_CASES = [
-    # cfg, dtype, layout, (hb, bs, bh, steps), heads_fastest, cos fp32, inverse
+    # cfg, dtype, layout, (hb, bs, bh, steps), heads_fastest, cos fp32, inverse[, SEC8]
     ("qwen2", torch.bfloat16, "bshd", (8, 2, 4, 1), True, False, False),
     ("qwen2", torch.float16, "bhsd", (16, 4, 2, 2), False, True, True),
     ("qwen2_empty_t", torch.float32, "bshd", (4, 2, 2, 3), True, False, False),  # 2 chunks
     ("qwen3", torch.bfloat16, "bhsd", (4, 4, 4, 1), True, True, True),
     ("qwen3_long_h", torch.float32, "bshd", (8, 2, 2, 2), False, False, False),
+    ("qwen2_sec8", torch.bfloat16, "bshd", (16, 2, 2, 1), True, False, True, 1),
+    ("qwen2_sec8", torch.float16, "bhsd", (8, 4, 2, 3), True, True, False, 1),  # 2 chunks
 ]
 
 
 @pytest.mark.parametrize("case", INTERP_CASES, ids=lambda c: f"{c[0]}-{str(c[1])[6:]}-{c[2]}")
 def test_interpreter(case):
-    cfg, dtype, layout, tile, heads_fastest, cos_fp32, inverse = case
+    cfg, dtype, layout, tile, heads_fastest, cos_fp32, inverse, *sec8 = case
     mod = load_triton_src("qwen2vl_mrope")
     d, section, inter = CONFIGS[cfg]
     b, hq, hkv, s = 2, 5, 3, 7
     q, k = _qk(b, hq, hkv, s, d, dtype, layout=layout)
     cos, sin = _cos_sin(b, s, d, torch.float32 if cos_fp32 else dtype, 2 if inverse else 1)
-    qo, ko = _run_interpreter(mod, q, k, cos, sin, section, inter, inverse, *tile, heads_fastest)
+    qo, ko = _run_interpreter(mod, q, k, cos, sin, section, inter, inverse, *tile, heads_fastest,
+                              *sec8)
     if inverse:
         refs = ref_mrope_grads(q, k, cos, sin, q, k, section, inter)
         refs = [round_toward_zero(g.float(), dtype) for g in refs]

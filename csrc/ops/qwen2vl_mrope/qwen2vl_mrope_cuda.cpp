@@ -18,7 +18,7 @@ namespace {
 using runtime::KernelArgs;
 
 // Match triton_src/qwen2vl_mrope.py.
-constexpr uint32_t kFlagCosFp32 = 2;
+constexpr uint32_t kFlagCosFp32 = 2, kFlagSec8 = 4;
 constexpr int64_t kModeInterleaved = 1, kModeInverse = 2, kModeHeadsFastest = 4;
 
 // (batch, head, seq) strides; 0 for a dim of size 1 (its stride is never used, and then
@@ -67,6 +67,12 @@ std::tuple<Tensor, Tensor> apply(const char* op, const Tensor& q_in, const Tenso
   }
   uint32_t flags = aligned ? runtime::kFlagAligned : 0;
   if (c.scalar_type() != q.scalar_type()) flags |= kFlagCosFp32;
+  // Sectioned streams whose bounds fall on multiples of 8 pairs: each aligned group of 8
+  // pairs reads one stream, so cos / sin load as 16-byte vectors (the aligned variant
+  // already has half and the cos strides multiples of 16).
+  if (aligned && !interleaved && section[0] % 8 == 0 && section[1] % 8 == 0) {
+    flags |= kFlagSec8;
+  }
 
   static const auto& fam = runtime::family("qwen2vl_mrope");
   const auto& kern = fam.pick(op, q, std::min(half, fam.max_block(q)), flags);
@@ -74,11 +80,11 @@ std::tuple<Tensor, Tensor> apply(const char* op, const Tensor& q_in, const Tenso
                 steps = kern.constexpr_value("STEPS");
   const int64_t groups =
       checks::ceil_div(checks::ceil_div(hq, bh) + checks::ceil_div(hkv, bh), steps);
-  // Walk memory in order: heads fastest for the (B, S, H, D) buffers models transpose,
-  // seq fastest for contiguous (B, H, S, D).
-  const bool heads_fastest = hq > 1 && s > 1 ? q.stride(1) < q.stride(2) : true;
+  // Head groups fastest in either layout: the programs of one seq block run together and
+  // share its cos / sin rows in L2 (benchmarks/tune_qwen2vl_mrope.py: as fast or up to 1 %
+  // faster than walking contiguous (B, H, S, D) memory in order).
   const int64_t mode = (interleaved ? kModeInterleaved : 0) | (inverse ? kModeInverse : 0) |
-                       (heads_fastest ? kModeHeadsFastest : 0);
+                       kModeHeadsFastest;
 
   KernelArgs args;
   args.ptr(q).ptr(k).ptr(qo).ptr(ko).ptr(c).ptr(sn);
