@@ -3,7 +3,7 @@ only; the library uses the AOT variants in triton_src/qkv_split_norm_rope.py). A
 (Megatron's grouped (S, B, N) qkv, both norm weights, full rotary, bshd outputs) it times the
 forward over tiles of BT tokens x BH heads and warps, and the backward over the same and the
 persistent programs per multiprocessor, so the best ones can be written into
-triton_src/qkv_split_norm_rope.py (TILES) and the CUDA dispatch as data.
+triton_src/qkv_split_norm_rope.py (FWD_TILES, BWD_TILES) and the CUDA dispatch as data.
 
     python benchmarks/tune_qkv_split_norm_rope.py [--tokens 8192] [--heads 32] [--kv-heads 4]
                                                   [--head-dim 128] [--top 8]
@@ -70,7 +70,7 @@ def main():
     for kind, nbytes in (("fwd", fwd_bytes), ("bwd", bwd_bytes)):
         print(f"{kind}: tokens {t}, heads {hq} + 2 x {hkv}, head_dim {d}, bf16, {name}")
         for ms, bt, bh, warps, per_sm in sorted(results[kind])[:args.top]:
-            print(f"  {ms * 1e3:8.1f} us  {nbytes / ms / 1e9:7.0f} GB/s  BT {bt:2d} BH {bh} "
+            print(f"  {ms * 1e3:8.1f} us  {nbytes / ms / 1e6:7.0f} GB/s  BT {bt:2d} BH {bh} "
                   f"warps {warps}" + (f" programs/SM {per_sm}" if per_sm else ""))
 
 

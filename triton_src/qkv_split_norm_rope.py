@@ -274,8 +274,12 @@ _TYPES = {"in_sb": "i64", "in_ss": "i64", "cos_sb": "i64", "cos_ss": "i64", "eps
 _ALIGNED = ("in_sb", "in_ss", "cos_sb", "cos_ss", "D", "half")
 
 # Per half block HB (the smallest power of 2 >= rotary_dim / 2): (BT tokens, BH heads,
-# warps). A tile is BT * BH rows of 2 * HB elements: 4096 elements, as fk.rope's tiles.
-TILES = {16: (32, 4, 4), 32: (16, 4, 4), 64: (8, 4, 4), 128: (4, 4, 4)}
+# warps). A tile is BT * BH rows of 2 * HB elements: 2048 elements. H100 sweep
+# (benchmarks/tune_qkv_split_norm_rope.py, Qwen3-30B-A3B heads, HB 64): forward (16, 2, 4)
+# 84.2 us against 97-120 us for the 4096-element tiles of fk.rope it had; backward (16, 2, 2)
+# at 8 programs per multiprocessor 120.7 us (the CUDA side's persistent grid).
+FWD_TILES = {16: (64, 2, 4), 32: (32, 2, 4), 64: (16, 2, 4), 128: (8, 2, 4)}
+BWD_TILES = {16: (64, 2, 2), 32: (32, 2, 2), 64: (16, 2, 2), 128: (8, 2, 2)}
 
 
 def _cos_dtypes(dt):
@@ -284,15 +288,14 @@ def _cos_dtypes(dt):
 
 def variants(arch: int) -> list:
     out = []
-    for family, kernel, args in (("qkv_split_norm_rope_fwd", "qkv_split_norm_rope_fwd_kernel",
-                                  FWD_ARGS),
-                                 ("qkv_split_norm_rope_bwd", "qkv_split_norm_rope_bwd_kernel",
-                                  BWD_ARGS)):
+    for family, kernel, args, tiles in (
+            ("qkv_split_norm_rope_fwd", "qkv_split_norm_rope_fwd_kernel", FWD_ARGS, FWD_TILES),
+            ("qkv_split_norm_rope_bwd", "qkv_split_norm_rope_bwd_kernel", BWD_ARGS, BWD_TILES)):
         for dt in DTYPES:
             for cos_dt in _cos_dtypes(dt):
                 for aligned in (0, FLAG_ALIGNED):
                     flags = aligned | (FLAG_COS_FP32 if cos_dt != dt else 0)
-                    for hb, (bt, bh, warps) in TILES.items():
+                    for hb, (bt, bh, warps) in tiles.items():
                         sig = {}
                         for a in args:
                             if a in _TYPES:

@@ -202,10 +202,11 @@ def test_variants_cover_every_dtype_and_flag():
     its own dtype and (16-bit dtypes) float32."""
     mod = load_triton_src("qkv_split_norm_rope")
     vs = mod.variants(90)
-    for family in ("qkv_split_norm_rope_fwd", "qkv_split_norm_rope_bwd"):
+    for family, tiles in (("qkv_split_norm_rope_fwd", mod.FWD_TILES),
+                          ("qkv_split_norm_rope_bwd", mod.BWD_TILES)):
         for dt in ("fp32", "bf16", "fp16"):
             flags = {0, 1} if dt == "fp32" else {0, 1, 2, 3}
-            for hb in mod.TILES:
+            for hb in tiles:
                 got = {v.flags for v in vs if v.family == family and v.dtype == dt
                        and v.block == hb}
                 assert got == flags, (family, dt, hb, got)
