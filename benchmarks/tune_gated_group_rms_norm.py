@@ -10,16 +10,12 @@ triton_src/gated_group_rms_norm.py (TILES) and the CUDA dispatch as data.
 """
 import argparse
 import itertools
-import os
-import sys
 
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "triton_src"))
-import gated_group_rms_norm as K  # noqa: E402
-
-from tune_qkv_split_norm_rope import bench
+import _tune as T
+import gated_group_rms_norm as K  # noqa: E402 (triton_src, on the path _tune sets)
 
 
 def main():
@@ -41,27 +37,24 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     part = torch.empty(16 * sms, g, device="cuda")
     common = (m, n, g, b, s, h, 1e-6, 1, 1, 0, 0)  # eps, has_w, w_per_group, silu, no transpose
-    big = torch.empty(1 << 30, device="cuda", dtype=torch.uint8)
-    big2 = torch.empty_like(big)
-    ceiling = 2 * big.numel() / bench(lambda: big2.copy_(big)) * 1e3
-    del big, big2
+    T.setup("cuda")
+    ceiling = T.COPY_BW * 1e9
     sizes = {"fwd": 3 * x.numel() * 2, "bwd": 5 * x.numel() * 2}  # x, gate, y / + dy, dx, dg
     results = {"fwd": [], "bwd": []}
     for bm, warps in itertools.product((4, 8, 16, 32, 64, 128), (1, 2, 4, 8)):
         if bm * bg > 16384 or bm * bg // (32 * warps) < 4:
             continue
         tiles = triton.cdiv(m, bm) * (n // g)
-        ms = bench(lambda: K.gated_group_rms_norm_fwd_kernel[(tiles,)](
+        ms = T.bench(lambda: K.gated_group_rms_norm_fwd_kernel[(tiles,)](
             x, gate, w, y, *common, BM=bm, BG=bg, num_warps=warps))
         results["fwd"].append((ms, bm, warps, 0))
         for per_sm in (1, 2, 4, 8, 16):
             progs = min(tiles, per_sm * sms)
-            ms = bench(lambda: K.gated_group_rms_norm_bwd_kernel[(progs,)](
+            ms = T.bench(lambda: K.gated_group_rms_norm_bwd_kernel[(progs,)](
                 dy, x, gate, w, dx, dg, part, *common, BM=bm, BG=bg, num_warps=warps))
             results["bwd"].append((ms, bm, warps, per_sm))
     name = torch.cuda.get_device_name(0)
-    print(f"gated_group_rms_norm x ({b}, {s}, {h}, {g}) bf16, {name}, copy "
-          f"{ceiling / 1e9:.0f} GB/s; AOT (BM, warps) for BG {bg}: {K.TILES[bg]}, backward at "
+    print(f"gated_group_rms_norm x ({b}, {s}, {h}, {g}) bf16, {name}; AOT (BM, warps) for BG {bg}: {K.TILES[bg]}, backward at "
           f"2 programs / SM")
     for kind, nbytes in sizes.items():
         print(f"{kind}: {nbytes / 1e6:.0f} MB, floor {nbytes / ceiling * 1e6:.1f} us")

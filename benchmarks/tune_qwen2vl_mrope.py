@@ -10,17 +10,14 @@ row is timed that way).
                                             [--kv-heads 4] [--top 8]
 """
 import argparse
-import os
-import sys
 
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "triton_src"))
-import qwen2vl_mrope as K  # noqa: E402
-
+import _tune as T
+import qwen2vl_mrope as K  # noqa: E402 (triton_src, on the path _tune sets)
 from benchmark_qwen2vl_mrope import mrope_cos_sin
-from tune_rope import bench, inputs, sweep
+from tune_rope import inputs, sweep
 
 SECTION = (16, 24, 24)
 
@@ -51,32 +48,27 @@ def main():
     args = ap.parse_args()
     b, s, hq, hkv, d = args.batch, args.seq, args.heads, args.kv_heads, 128
     dtype, hb = torch.bfloat16, 64
-    big = torch.empty(1 << 30, device="cuda", dtype=torch.uint8)
-    big2 = torch.empty_like(big)
-    ms = bench(lambda: big2.copy_(big))
-    ceiling = 2 * big.numel() / ms * 1e3
-    del big, big2
+    T.setup("cuda")
     cos, sin = mrope_cos_sin(b, s, d, "cuda", dtype)
     nbytes = 2 * b * s * (hq + hkv) * d * 2 + 2 * b * s * d * 2
     print(f"qwen2vl_mrope tuning, bf16, batch {b} seq {s} heads {hq}/{hkv} head_dim {d}, "
-          f"section {list(SECTION)}; torch copy 1 GiB: {ceiling / 1e9:.0f} GB/s; "
-          f"{nbytes / 1e6:.1f} MB per pass, floor {nbytes / ceiling * 1e6:.1f} us; "
+          f"section {list(SECTION)}; {nbytes / 1e6:.1f} MB per pass, floor "
+          f"{nbytes / T.COPY_BW / 1e3:.1f} us; "
           f"AOT tiles (BS, BH, STEPS, warps) by SEC8 {[K._TILES['default'][v][hb] for v in (0, 1)]}")
     for layout in ("bshd", "bhsd"):
         q, k, qo, ko = inputs(layout, b, s, hq, hkv, d, dtype)
         for sec8 in (0, 1):
             print(f"\n[{layout}] SEC8 {sec8}")
-            sweep(lambda cfg: bench(launcher(q, k, qo, ko, cos, sin, hb, *cfg, sec8)), hq, hkv,
-                  hb, 1, nbytes, args.top, K._TILES["default"][sec8][hb], ceiling)
+            sweep(lambda cfg: T.bench(launcher(q, k, qo, ko, cos, sin, hb, *cfg, sec8)), hq,
+                  hkv, hb, 1, nbytes, args.top, K._TILES["default"][sec8][hb])
         ref_q, ref_k = torch.empty_like(qo), torch.empty_like(ko)
         launcher(q, k, ref_q, ref_k, cos, sin, hb, *K._TILES["default"][0][hb], 1, 0)()
         launcher(q, k, qo, ko, cos, sin, hb, *K._TILES["default"][1][hb], 1, 1)()
         print(f"SEC8 1 against 0: q equal {torch.equal(qo, ref_q)}, k equal {torch.equal(ko, ref_k)}")
         try:
             import fk
-            ms = bench(lambda: fk.qwen2vl_mrope(q, k, cos, sin, list(SECTION)))
-            print(f"fk.qwen2vl_mrope (AOT, with allocation): {ms * 1e3:.1f} us, "
-                  f"{nbytes / ms / 1e6:.0f} GB/s")
+            T.timed("fk.qwen2vl_mrope (AOT, with allocation)",
+                    lambda: fk.qwen2vl_mrope(q, k, cos, sin, list(SECTION)), nbytes)
         except ImportError:
             pass
         del q, k, qo, ko

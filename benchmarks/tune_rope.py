@@ -8,19 +8,11 @@ the grid order, so the best ones can be written into triton_src/rope.py (_TILES)
 """
 import argparse
 import itertools
-import os
-import sys
-
 import torch
 import triton
-import triton.testing
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "triton_src"))
-import rope as K  # noqa: E402
-
-
-def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+import _tune as T
+import rope as K  # noqa: E402 (triton_src, on the path _tune sets)
 
 
 def inputs(layout, b, s, hq, hkv, d, dtype):
@@ -48,10 +40,10 @@ def launcher(q, k, qo, ko, cos, sin, hb, bs, bh, steps, warps, heads_fastest):
     return run
 
 
-def sweep(time_cfg, hq, hkv, hb, natural, nbytes, top, aot, ceiling):
+def sweep(time_cfg, hq, hkv, hb, natural, nbytes, top, aot):
     """Time tiles (BS, BH, STEPS, warps, heads_fastest) of a rotary kernel over q and k
-    (``time_cfg(cfg)`` -> ms), print the best ``top`` (their share of ``ceiling``, a copy
-    bandwidth in B/s) and the AOT tile's time (shared by the rotary-embedding sweeps)."""
+    (``time_cfg(cfg)`` -> ms), print the best ``top`` (their share of the copy bandwidth
+    _tune.setup measured) and the AOT tile's time (shared by the rotary-embedding sweeps)."""
     results = []
     # Phase 1: tile shape and warps, one head block per program or all of them (cos / sin
     # loaded once per seq block), grid in memory order.
@@ -75,7 +67,7 @@ def sweep(time_cfg, hq, hkv, hb, natural, nbytes, top, aot, ceiling):
     results.sort()
     print("   us     GB/s  % of copy ceiling   BS  BH  STEPS  warps  heads_fastest")
     for ms, (bs, bh, steps, warps, hf) in results[:top]:
-        print(f"{ms * 1e3:7.1f}  {nbytes / ms / 1e6:6.0f}  {nbytes / ms * 1e3 / ceiling * 100:5.1f} %"
+        print(f"{ms * 1e3:7.1f}  {nbytes / ms / 1e6:6.0f}  {nbytes / ms / 1e6 / T.COPY_BW * 100:5.1f} %"
               f"           {bs:3d} {bh:3d}  {steps:5d}  {warps:5d}  {hf:13d}")
     if aot is not None:
         cfg = (*aot[:3], aot[3], natural)
@@ -96,14 +88,8 @@ def main():
     args = ap.parse_args()
     b, s, hq, hkv = args.batch, args.seq, args.heads, args.kv_heads
     dtype = torch.bfloat16
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    big = torch.empty(1 << 30, device="cuda", dtype=torch.uint8)
-    big2 = torch.empty_like(big)
-    ms = bench(lambda: big2.copy_(big))
-    ceiling = 2 * big.numel() / ms * 1e3
-    print(f"rope tuning, bf16, batch {b} seq {s} heads {hq}/{hkv}, {sms} SMs; torch copy 1 GiB: "
-          f"{2 * big.numel() / ms / 1e6:6.0f} GB/s")
-    del big, big2
+    T.setup("cuda")
+    print(f"rope tuning, bf16, batch {b} seq {s} heads {hq}/{hkv}")
     for d in (int(x) for x in args.head_dims.split(",")):
         hb = triton.next_power_of_2(d // 2)
         inv_freq = 1.0 / 500000.0 ** (torch.arange(0, d, 2, device="cuda") / d)
@@ -112,25 +98,24 @@ def main():
         cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
         nbytes = 2 * b * s * (hq + hkv) * d * 2 + 2 * s * d * 2
         print(f"\nhead_dim {d} (HB {hb}): {nbytes / 1e6:.1f} MB moved per pass, floor "
-              f"{nbytes / ceiling * 1e6:.1f} us at the copy bandwidth; AOT tile (BS, BH, STEPS, warps) "
+              f"{nbytes / T.COPY_BW / 1e3:.1f} us at the copy bandwidth; AOT tile (BS, BH, STEPS, warps) "
               f"{K._TILES['default'].get(hb)}")
         for layout in ("bshd", "bhsd"):
             q, k, qo, ko = inputs(layout, b, s, hq, hkv, d, dtype)
             src = torch.cat((q.reshape(-1), k.reshape(-1)))
             dst = torch.empty_like(src)
-            ms = bench(lambda: dst.copy_(src))
+            ms = T.bench(lambda: dst.copy_(src))
             print(f"\n[{layout}] torch copy of q and k: {ms * 1e3:7.1f} us "
                   f"{2 * src.numel() * 2 / ms / 1e6:6.0f} GB/s")
             del src, dst
             natural = 1 if layout == "bshd" else 0
-            sweep(lambda cfg: bench(launcher(q, k, qo, ko, cos, sin, hb, *cfg)), hq, hkv, hb,
-                  natural, nbytes, args.top, K._TILES["default"].get(hb), ceiling)
+            sweep(lambda cfg: T.bench(launcher(q, k, qo, ko, cos, sin, hb, *cfg)), hq, hkv, hb,
+                  natural, nbytes, args.top, K._TILES["default"].get(hb))
             try:
                 import fk
                 qr, kr = q.detach(), k.detach()
-                ms = bench(lambda: fk.rope(qr, kr, cos, sin))
-                print(f"fk.rope (AOT, with allocation): {ms * 1e3:.1f} us, "
-                      f"{nbytes / ms / 1e6:.0f} GB/s")
+                T.timed("fk.rope (AOT, with allocation)", lambda: fk.rope(qr, kr, cos, sin),
+                        nbytes)
             except ImportError:
                 pass
             del q, k, qo, ko
