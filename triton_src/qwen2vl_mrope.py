@@ -115,7 +115,7 @@ STRIDES = ARGS[6:21]
 # program, warps). H100 sweep (benchmarks/tune_qwen2vl_mrope.py, Qwen2-VL-7B shapes, head
 # groups fastest): with cos / sin as 16-byte vectors (SEC8) one head block per program is
 # best (83 % of copy); with element-wise cos / sin loads the program amortizes them over 8
-# head blocks (80 %; one block: 66 %).
+# head blocks (80 %; one block: 64-68 %).
 _TILES = {
     "default": {
         0: {32: (16, 4, 8, 2), 64: (8, 4, 8, 2), 128: (4, 4, 8, 2)},
