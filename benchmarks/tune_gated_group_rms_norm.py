@@ -3,7 +3,7 @@ only; the library uses the AOT variants in triton_src/gated_group_rms_norm.py). 
 (Qwen3-Next's gated norm: x and gate (2, 4096, 32, 128), a (128,) weight shared by the
 groups, silu) it times the forward over tiles of BM rows and warps, and the backward over the
 same and the persistent programs per multiprocessor, so the best ones can be written into
-triton_src/gated_group_rms_norm.py (TILES) and the CUDA dispatch as data.
+triton_src/gated_group_rms_norm.py (FWD_TILES, BWD_TILES) and the CUDA dispatch as data.
 
     python benchmarks/tune_gated_group_rms_norm.py [--batch 2] [--seq 4096] [--heads 32]
                                                    [--group 128] [--top 8]
@@ -54,16 +54,20 @@ def main():
                 dy, x, gate, w, dx, dg, part, *common, BM=bm, BG=bg, num_warps=warps))
             results["bwd"].append((ms, bm, warps, per_sm))
     name = torch.cuda.get_device_name(0)
-    print(f"gated_group_rms_norm x ({b}, {s}, {h}, {g}) bf16, {name}; AOT (BM, warps) for BG {bg}: {K.TILES[bg]}, backward at "
-          f"2 programs / SM")
+    aot_tiles = {"fwd": K.FWD_TILES[bg], "bwd": K.BWD_TILES[bg]}
+    # The backward's persistent grid: 16 warps per multiprocessor (the CUDA launcher).
+    aot_per_sm = {"fwd": 0, "bwd": max(1, 16 // K.BWD_TILES[bg][1])}
+    print(f"gated_group_rms_norm x ({b}, {s}, {h}, {g}) bf16, {name}; AOT (BM, warps) for "
+          f"BG {bg}: forward {aot_tiles['fwd']}, backward {aot_tiles['bwd']} at "
+          f"{aot_per_sm['bwd']} programs / SM")
     for kind, nbytes in sizes.items():
         print(f"{kind}: {nbytes / 1e6:.0f} MB, floor {nbytes / ceiling * 1e6:.1f} us")
         for ms, bm, warps, per_sm in sorted(results[kind])[:args.top]:
             print(f"  {ms * 1e3:8.1f} us  {nbytes / ms / 1e6:7.0f} GB/s  "
                   f"{nbytes / ms * 1e3 / ceiling * 100:5.1f} %  BM {bm:3d} warps {warps}"
                   + (f" programs/SM {per_sm}" if per_sm else ""))
-        aot = [r for r in results[kind] if (r[1], r[2]) == K.TILES[bg]
-               and r[3] == (0 if kind == "fwd" else 2)]
+        aot = [r for r in results[kind] if (r[1], r[2]) == aot_tiles[kind]
+               and r[3] == aot_per_sm[kind]]
         for ms, bm, warps, per_sm in aot:
             print(f"  AOT: {ms * 1e3:8.1f} us  {nbytes / ms * 1e3 / ceiling * 100:5.1f} %")
 

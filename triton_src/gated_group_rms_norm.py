@@ -132,21 +132,27 @@ BWD_ARGS = ("dy_ptr", "x_ptr", "g_ptr", "w_ptr", "dx_ptr", "dg_ptr", "dw_ptr", "
             "B", "S", "H", "eps", "has_w", "w_per_group", "act", "transpose")
 _TYPES = {"eps": "fp32", "dw_ptr": "*fp32", "M": "i64"}
 
-# Per group block BG (the smallest power of 2 >= group_size): (BM rows, warps); a tile holds
-# about 4096 elements.
-TILES = {64: (64, 4), 128: (32, 4), 256: (16, 4), 512: (8, 4), 1024: (4, 4), 2048: (2, 8),
-         4096: (1, 8), 8192: (1, 16)}
+# Per group block BG (the smallest power of 2 >= group_size): (BM rows, warps). Up to BG 1024
+# a tile holds 2048 elements, from an H100 sweep (benchmarks/tune_gated_group_rms_norm.py,
+# x (2, 4096, 32, 128)): forward (16, 4) 72.8 us, 92 % of copy, against 83.5 us for the
+# 4096-element tile it had; backward (16, 2) at 8 programs per SM 149.0 us against 173.8.
+# Larger groups keep one or two rows of 4096-8192 elements (not swept).
+FWD_TILES = {64: (32, 4), 128: (16, 4), 256: (8, 4), 512: (4, 4), 1024: (2, 4), 2048: (2, 8),
+             4096: (1, 8), 8192: (1, 16)}
+BWD_TILES = {64: (32, 2), 128: (16, 2), 256: (8, 2), 512: (4, 2), 1024: (2, 2), 2048: (2, 8),
+             4096: (1, 8), 8192: (1, 16)}
 
 
 def variants(arch: int) -> list:
     out = []
-    for family, kernel, args in (("gated_group_rms_norm_fwd", "gated_group_rms_norm_fwd_kernel",
-                                  FWD_ARGS),
-                                 ("gated_group_rms_norm_bwd", "gated_group_rms_norm_bwd_kernel",
-                                  BWD_ARGS)):
+    for family, kernel, args, tiles in (
+            ("gated_group_rms_norm_fwd", "gated_group_rms_norm_fwd_kernel", FWD_ARGS,
+             FWD_TILES),
+            ("gated_group_rms_norm_bwd", "gated_group_rms_norm_bwd_kernel", BWD_ARGS,
+             BWD_TILES)):
         for dt in DTYPES:
             for aligned in (0, FLAG_ALIGNED):
-                for bg, (bm, warps) in TILES.items():
+                for bg, (bm, warps) in tiles.items():
                     sig = {a: _TYPES.get(a, f"*{dt}" if a.endswith("_ptr") else "i32")
                            for a in args}
                     cx = {"BM": bm, "BG": bg}

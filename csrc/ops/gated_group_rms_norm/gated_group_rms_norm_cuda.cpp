@@ -2,6 +2,8 @@
 // (triton_src/gated_group_rms_norm.py). Forward: one program per tile of rows x one group.
 // Backward: a persistent grid writing fp32 partial weight gradients that rms_norm's
 // reduction sums. x and gate are read contiguous (copied first where they are not).
+#include <algorithm>
+
 #include "ops/gated_group_rms_norm/gated_group_rms_norm.h"
 #include "ops/rms_norm/rms_norm_cuda.h"
 #include "runtime/checks.h"
@@ -76,9 +78,11 @@ std::tuple<Tensor, Tensor, Tensor> gated_group_rms_norm_backward_cuda(
   static const auto& family_bwd = runtime::family("gated_group_rms_norm_bwd");
   const auto l = prepare(op, family_bwd, p, xc, transpose_out,
                          {&xc, &gc, &w, &dy, &dx, &dg});
-  // Two programs per multiprocessor, each over a stride of tiles; the partial weight
-  // gradients exist whenever there is a weight (even if frozen).
-  const int64_t programs = runtime::persistent_grid(l.tiles, x.device(), 2).programs;
+  // A persistent grid of 16 warps per multiprocessor (8 programs of the 2-warp tiles: the
+  // fastest in benchmarks/tune_gated_group_rms_norm.py), each over a stride of tiles; the
+  // partial weight gradients exist whenever there is a weight (even if frozen).
+  const int64_t per_sm = std::max<int64_t>(1, 16 / l.kern->num_warps);
+  const int64_t programs = runtime::persistent_grid(l.tiles, x.device(), per_sm).programs;
   auto part = has_w ? aten::empty({programs, weight->numel()}, kFloat, x.device()) : Tensor();
   KernelArgs args;
   args.ptr(dy).ptr(xc).ptr(gc).ptr(w).ptr(dx).ptr(dg).ptr(has_w ? part : dx).i64(l.m).i32(p.n)
