@@ -105,7 +105,7 @@ class Problem:
     def time(self, runs, names):
         """Times runs[name] for each of names in self.rounds rounds, the order rotated each
         round (do_bench, median), and prints each one's rounds, median, TFLOP/s of the gated
-        projection and fraction of cuBLAS's rate."""
+        projection and fraction of cuBLAS's rate; returns {name: median ms}."""
         times = {nm: [] for nm in names}
         for nm in rotations(names, self.rounds):
             times[nm].append(do_bench(runs[nm], warmup=25, rep=100, return_mode="median"))
@@ -119,3 +119,4 @@ class Problem:
             print(f"{nm:{self.width}s} " + " ".join(f"{t:.3f}" for t in times[nm])
                   + f"  median {med:.3f} ms {self.flops / med / 1e9:6.1f} TFLOP/s "
                   f"{ref / med:.3f} of cuBLAS")
+        return {nm: median(times[nm]) for nm in names}
