@@ -81,7 +81,6 @@ def group_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, groups
             w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
             b = tl.load(b_ptr + ch0 + cc, mask=cmask & (has_b != 0), other=0.0).to(tl.float32)
             scale = w * rstd
-            shift_c = b - mean * scale
             rows = cc[:, None] * HW
             for h0 in range(0, HW, BLOCK_HW):
                 hh = h0 + hi
@@ -89,7 +88,9 @@ def group_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, groups
                 offs = rows + hh[None, :]
                 x = tl.load(xg + offs, mask=mask, other=0.0,
                             eviction_policy="evict_first").to(tl.float32)
-                y = x * scale[:, None] + shift_c[:, None]
+                # (x - mean) first: a group of equal values (one element, say) gives
+                # exactly b under any contraction of the multiply-add into an FMA.
+                y = (x - mean) * scale[:, None] + b[:, None]
                 tl.store(yg + offs, y.to(dtype), mask=mask)
 
 
