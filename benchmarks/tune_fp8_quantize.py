@@ -13,6 +13,10 @@ Forms:
     column-wise blocks are complete (128 rows), so it is quantized and stored at once; the
     row amax accumulates over the chunks, and a second loop re-reads the tile (from L1 / L2)
     to quantize the rows.
+  packed (--packed): the library kernel's PACKED path (the tile read as four slabs of
+    interleaved rows 4i + j; the column-wise copy's float8 bytes of rows 4i .. 4i + 3
+    combined into one 32-bit word, so the transposed store moves a quarter as many
+    elements) against its plain path: checked bit for bit, then timed over warps.
 """
 import argparse
 import os
@@ -136,6 +140,7 @@ def main():
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--cols", type=int, default=4096)
     ap.add_argument("--forms", action="store_true", help="the candidate forms only")
+    ap.add_argument("--packed", action="store_true", help="the packed form and the AOT tiles")
     args = ap.parse_args()
     m, k = args.rows, args.cols
     big = torch.empty(1 << 29, device="cuda", dtype=torch.bfloat16)
@@ -175,6 +180,8 @@ def main():
         outs.append([b.view(torch.uint8) if b.dtype == f8 else b for b in bufs])
     same = all(torch.equal(a, b) for a, b in zip(*outs))
     print(f"chunked form equal to the library's kernel: {same}")
+    if args.packed:
+        return packed(x, q, s, qt, st, m, k, traffic, report)
     if args.forms:
         for layout, row, col in (("both", 1, 1), ("rowwise", 1, 0), ("columnwise", 0, 1)):
             for trans in ((0,) if not col else (0, 1, 2)):
@@ -220,6 +227,34 @@ def main():
                lambda: K.fp8_quantize_kernel[grid](
                    x, q, sw, qt, sw, m, k, 1, 1, 0, 0, TILE_M=128, TILE_K=128,
                    num_warps=warps), m * k * 3)
+
+
+def packed(x, q, s, qt, st, m, k, traffic, report):
+    """The library kernel's PACKED path (the column-wise copy in 32-bit words) against its
+    plain path, at each form's tile: equal outputs, then times over warps."""
+    f8 = torch.float8_e4m3fn
+    tiles = {flag: (tm, tk) for flag, tm, tk, _ in K.FORMS}
+    for layout, row, flag in (("both", 1, 0), ("columnwise", 0, K.FLAG_COLS)):
+        tm, tk = tiles[flag]
+        g = (triton.cdiv(m, tm), triton.cdiv(k, tk))
+        outs = []
+        for pk in (0, 1):
+            bufs = [torch.full_like(b, 7) for b in (q, s, qt, st)]
+            K.fp8_quantize_kernel[g](x, *bufs, m, k, 0, row, 1, 0, TILE_M=tm, TILE_K=tk,
+                                     PACKED=pk)
+            outs.append([b.view(torch.uint8) if b.dtype == f8 else b for b in bufs])
+        same = all(torch.equal(a, b) for a, b in zip(*outs))
+        print(f"{layout:10s} packed equal to plain: {same}")
+        for pk in (0, 1):
+            for w in (2, 4, 8, 16):
+                ck = K.fp8_quantize_kernel[g](x, q, s, qt, st, m, k, 0, row, 1, 0, TILE_M=tm,
+                                              TILE_K=tk, PACKED=pk, num_warps=w)
+                report(f"{layout:10s} TILE={tm}x{tk} PACKED={pk} warps={w:2d} "
+                       f"regs={ck.n_regs} spills={ck.n_spills}",
+                       lambda: K.fp8_quantize_kernel[g](x, q, s, qt, st, m, k, 0, row, 1, 0,
+                                                        TILE_M=tm, TILE_K=tk, PACKED=pk,
+                                                        num_warps=w),
+                       traffic(row, 1))
 
 
 if __name__ == "__main__":

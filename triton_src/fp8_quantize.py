@@ -12,7 +12,10 @@ column-wise one alone; FORMS):
   blocks of 128 x 128 (``weight == 1``): the tile is one block; q (M, K) with s[i, j]
       (scales (cdiv(M, 128), cdiv(K, 128))), and qt = q^T with st = s^T.
 
-``want_row`` / ``want_col`` choose which copies are written. Scale of a block with amax
+``want_row`` / ``want_col`` choose which copies are written. The aligned variants of the
+1 x 128 forms with a column-wise copy (PACKED) read the tile as four slabs of interleaved
+rows and store that copy as 32-bit words of four rows' float8 bytes: the same bytes, with a
+quarter as many elements through the transpose. Scale of a block with amax
 a = max |x|: s = max(a / 448, 2^-126) (a correctly rounded fp32 division), 1.0 for an
 all-zero block, rounded up to a power of two when ``pow2 != 0``, NaN when the block holds
 an inf or a NaN.
@@ -44,13 +47,74 @@ FLAG_WEIGHT = 8  # 128 x 128 blocks
 # benchmarks/tune_fp8_quantize.py on an H100 at 8192 x 4096 bf16 (benchmarks/NOTES.md v14).
 FORMS = ((0, 128, 128, 8), (FLAG_ROWS, 32, 128, 4), (FLAG_COLS, 128, 32, 4),
          (FLAG_WEIGHT, 128, 128, 8))
+# The aligned variants of the forms with a column-wise copy of 1 x 128 blocks write it in
+# 32-bit words (PACKED; M is then a multiple of 16), at these warps (tune_fp8_quantize.py
+# --packed, H100, 8192 x 4096 bf16: both 113.9 -> 104.4 us, column-wise 75.9 -> 56.2 us;
+# benchmarks/NOTES.md v17).
+PACKED_WARPS = {0: 8, FLAG_COLS: 2}
 
 
 @triton.jit
-def fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_row, want_col,
-                        pow2, TILE_M: tl.constexpr, TILE_K: tl.constexpr):
-    rb = tl.program_id(0)
-    cb = tl.program_id(1)
+def _rows(x_ptr, rows, cols, M, K):
+    """x[rows, cols] in fp32; 0 outside the matrix."""
+    mask = (rows < M)[:, None] & (cols < K)[None, :]
+    return tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _rowwise_copy(x, a, rows, cols, M, K, cb, q_ptr, s_ptr, pow2):
+    """The row-wise copy of rows `rows` (each a 1 x 128 block): data and scales."""
+    s_r = _scale(tl.max(a, axis=1), pow2)
+    q = _quantize(x, s_r[:, None])
+    tl.store(q_ptr + rows[:, None] * K + cols[None, :], q.to(q_ptr.dtype.element_ty),
+             mask=(rows < M)[:, None] & (cols < K)[None, :])
+    tl.store(s_ptr + cb * M + rows, s_r, mask=rows < M)
+
+
+@triton.jit
+def _fp8_bits(x, s, shift: tl.constexpr):
+    """The float8_e4m3fn bits of x quantized with scale s, in a uint32 shifted left."""
+    q = _quantize(x, s).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    return q.to(tl.uint32) << shift
+
+
+@triton.jit
+def _packed_1x128(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, want_row, want_col, pow2, rb, cb,
+                  TILE_M: tl.constexpr, TILE_K: tl.constexpr):
+    """1 x 128 blocks with the column-wise copy written in 32-bit words: the tile is read as
+    four slabs of rows 4i + j, so the float8 bytes of rows 4i .. 4i + 3 of a column combine
+    into one little-endian word of qt (K, M) viewed as (K, M / 4) int32, and the transposed
+    store moves a quarter as many elements (benchmarks/NOTES.md v17). Needs M % 4 == 0 and
+    a 4-byte aligned qt."""
+    R: tl.constexpr = TILE_M // 4
+    grp = rb.to(tl.int64) * R + tl.arange(0, R)  # word index along M
+    cols = cb.to(tl.int64) * TILE_K + tl.arange(0, TILE_K)
+    x0 = _rows(x_ptr, 4 * grp, cols, M, K)
+    x1 = _rows(x_ptr, 4 * grp + 1, cols, M, K)
+    x2 = _rows(x_ptr, 4 * grp + 2, cols, M, K)
+    x3 = _rows(x_ptr, 4 * grp + 3, cols, M, K)
+    a0, a1, a2, a3 = abs_nan_inf(x0), abs_nan_inf(x1), abs_nan_inf(x2), abs_nan_inf(x3)
+    if want_row != 0:
+        _rowwise_copy(x0, a0, 4 * grp, cols, M, K, cb, q_ptr, s_ptr, pow2)
+        _rowwise_copy(x1, a1, 4 * grp + 1, cols, M, K, cb, q_ptr, s_ptr, pow2)
+        _rowwise_copy(x2, a2, 4 * grp + 2, cols, M, K, cb, q_ptr, s_ptr, pow2)
+        _rowwise_copy(x3, a3, 4 * grp + 3, cols, M, K, cb, q_ptr, s_ptr, pow2)
+    if want_col != 0:
+        s_c = _scale(tl.max(tl.maximum(tl.maximum(a0, a1), tl.maximum(a2, a3)), axis=0), pow2)
+        sc = s_c[None, :]
+        w = _fp8_bits(x0, sc, 0) | _fp8_bits(x1, sc, 8) | _fp8_bits(x2, sc, 16) | \
+            _fp8_bits(x3, sc, 24)
+        words = qt_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+        tl.store(words + cols[None, :] * (M // 4) + grp[:, None], w.to(tl.int32, bitcast=True),
+                 mask=(grp < M // 4)[:, None] & (cols < K)[None, :])
+        tl.store(st_ptr + rb * K + cols, s_c, mask=cols < K)
+
+
+@triton.jit
+def _plain(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_row, want_col, pow2, rb, cb,
+           TILE_M: tl.constexpr, TILE_K: tl.constexpr):
+    """Any tile whose blocks lie in it, every form; the column-wise copy a transposed float8
+    tile."""
     rows = rb.to(tl.int64) * TILE_M + tl.arange(0, TILE_M)
     cols = cb.to(tl.int64) * TILE_K + tl.arange(0, TILE_K)
     rmask = rows < M
@@ -79,6 +143,20 @@ def fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_
                         want_col, pow2)
 
 
+@triton.jit
+def fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_row, want_col,
+                        pow2, TILE_M: tl.constexpr, TILE_K: tl.constexpr,
+                        PACKED: tl.constexpr = 0):
+    rb = tl.program_id(0)
+    cb = tl.program_id(1)
+    if PACKED:  # 1 x 128 blocks only (the launcher's forms)
+        _packed_1x128(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, want_row, want_col, pow2, rb,
+                      cb, TILE_M, TILE_K)
+    else:
+        _plain(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_row, want_col, pow2, rb,
+               cb, TILE_M, TILE_K)
+
+
 _ARGS = ("x_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "M", "K", "weight", "want_row",
          "want_col", "pow2")
 _TYPES = {"q_ptr": "*fp8e4nv", "qt_ptr": "*fp8e4nv", "s_ptr": "*fp32", "st_ptr": "*fp32",
@@ -92,15 +170,18 @@ def variants(arch: int) -> list:
     out = []
     for dt in DTYPES:
         sig = {a: _TYPES.get(a, f"*{dt}") for a in _ARGS}
-        sig.update({"TILE_M": "constexpr", "TILE_K": "constexpr"})
+        sig.update({"TILE_M": "constexpr", "TILE_K": "constexpr", "PACKED": "constexpr"})
         # FLAG_ALIGNED: M and K multiples of 16 and x 16-byte aligned, so that the loads and
         # the float8 stores (one byte each otherwise) are 16 bytes wide.
         for form, tile_m, tile_k, warps in FORMS:
             for aligned in (0, FLAG_ALIGNED):
                 flags = form | aligned
+                packed = int(bool(aligned) and form in PACKED_WARPS)
                 out.append(Variant(family="fp8_quantize", kernel="fp8_quantize_kernel",
                                    dtype=dt, block=TILE, signature=sig,
-                                   constexprs={"TILE_M": tile_m, "TILE_K": tile_k},
-                                   num_warps=warps, flags=flags,
+                                   constexprs={"TILE_M": tile_m, "TILE_K": tile_k,
+                                               "PACKED": packed},
+                                   num_warps=PACKED_WARPS[form] if packed else warps,
+                                   flags=flags,
                                    divisible_by_16=aligned_args(sig, flags, ("M", "K"))))
     return out

@@ -102,6 +102,40 @@ def test_interpreter(dtype, form, pow2, shape):
         assert torch.isnan(qt).all() and (st == -1).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["both", "cols"])
+@pytest.mark.parametrize("pow2", [False, True])
+@pytest.mark.parametrize("shape", [(256, 192), (144, 128), "special"])
+def test_interpreter_packed_path(dtype, form, pow2, shape):
+    """The PACKED path (four slabs of interleaved rows; the column-wise copy stored as 32-bit
+    words of four rows' float8 bytes) writes the same bytes as the kernel's plain path, which
+    test_interpreter checks against the reference: float8 outputs on both sides, so both go
+    through the interpreter's float8 cast (checked itself on the GPU, test_cuda_matches_cpu,
+    where the aligned shapes run the PACKED variants)."""
+    mod = load_triton_src("fp8_quantize")
+    x = special_input(dtype) if shape == "special" else randn(*shape, dtype=dtype, scale=3.0)
+    if shape == "special":
+        x = x[:x.shape[0] // 16 * 16]
+    m, k = x.shape
+    flag = {"both": 0, "cols": mod.FLAG_COLS}[form]
+    _, tile_m, tile_k, _ = next(f for f in mod.FORMS if f[0] == flag)
+    want_row = int(form == "both")
+    got = []
+    for packed in (0, 1):
+        q = torch.zeros(m, k, dtype=torch.float8_e4m3fn)
+        qt = torch.zeros(k, m, dtype=torch.float8_e4m3fn)
+        s = torch.full((cdiv(k, 128), m), -1.0)
+        st = torch.full((cdiv(m, 128), k), -1.0)
+        mod.fp8_quantize_kernel[(cdiv(m, tile_m), cdiv(k, tile_k))](
+            x, q, s, qt, st, m, k, 0, want_row, 1, int(pow2), TILE_M=tile_m, TILE_K=tile_k,
+            PACKED=packed)
+        got.append([q.view(torch.uint8), s.view(torch.int32), qt.view(torch.uint8),
+                    st.view(torch.int32)])  # bit patterns: NaN scales compare equal
+    for a, b in zip(*got):
+        assert torch.equal(a, b)
+    assert (got[1][1] == torch.tensor(-1.0).view(torch.int32)).all() != bool(want_row)
+
+
 def test_variants_cover_every_dtype():
     """sm_90 and newer: per input dtype, one float8 variant per form and alignment; sm_80
     (which serves all of 8.x): none, so the launcher's capability check is what an 8.x GPU
@@ -119,6 +153,9 @@ def test_variants_cover_every_dtype():
             assert v.signature["x_ptr"] == f"*{v.dtype}" and v.block == 128
             form = next(f for f in mod.FORMS if f[0] == v.flags & ~1)
             assert (v.constexprs["TILE_M"], v.constexprs["TILE_K"]) == form[1:3]
+            # the word stores need M % 4 == 0: aligned variants of 1 x 128 forms with qt only
+            assert v.constexprs["PACKED"] == int(bool(v.flags & 1) and form[0] in (
+                0, mod.FLAG_COLS))
 
 
 # --- level 2: the CPU backend -----------------------------------------------------------
