@@ -22,8 +22,8 @@ an inf or a NaN.
 q = x * r with r = 1 / s (one correctly rounded reciprocal per block, then one multiply an
 element: a division per element cost half the kernel's time), clamped to [-448, 448] (NaN
 stays NaN), then rounded to the output element type by the store: to nearest even with
-float8_e4m3fn outputs (the kernel is also run with float32 outputs under the interpreter, which tests everything up to that
-cast). Masked elements of partial tiles read as 0 and are not stored.
+float8_e4m3fn outputs (the kernel is also run with float32 outputs under the interpreter,
+which tests everything up to that cast). Masked elements of partial tiles read as 0 and are not stored.
 
 The FP8 variants are built for sm_90 and newer only: 8.x GPUs run the sm_80 cubins, and
 sm_80 has no FP8 conversions.
