@@ -139,11 +139,9 @@ def _candidates():
 
 def build(out_dir: Path):
     from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    index = {"triton": triton.__version__, "ptxas": get_ptxas(90).version.strip()
-             if hasattr(get_ptxas(90), "version") else "", "kernels": []}
+    index = {"triton": triton.__version__, "kernels": []}
     mod = sys.modules[__name__]
     for i, (name, kern, args, consts, warps, stages, pers) in enumerate(_candidates()):
         fn = getattr(mod, kern, None) or getattr(K, kern)
@@ -169,8 +167,7 @@ def build(out_dir: Path):
             "profile_scratch_size": md.profile_scratch_size, "params":
             [(a, sig[a]) for a in args], "persistent": pers, "kernel": kern,
             "constexprs": consts})
-        regs = k.n_regs if hasattr(k, "n_regs") else "?"
-        print(f"{name:32s} warps {md.num_warps} shared {md.shared} regs {regs} "
+        print(f"{name:32s} warps {md.num_warps} shared {md.shared} "
               f"scratch {md.global_scratch_size}", flush=True)
     (out_dir / "index.json").write_text(json.dumps(index, indent=1))
     print(f"triton {triton.__version__}: {len(index['kernels'])} kernels in {out_dir}")
@@ -198,11 +195,9 @@ class _Driver:
         return fn
 
     def launch(self, fn, grid, warps, shared, stream, values):
-        holders = []
-        for v in values:
-            holders.append(v)
-        params = (ctypes.c_void_p * len(holders))(
-            *[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
+        """values: the kernel's parameters as ctypes scalars, in order."""
+        params = (ctypes.c_void_p * len(values))(
+            *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
         self.check(self.cu.cuLaunchKernel(fn, grid, 1, 1, 32 * warps, 1, 1, shared,
                                           ctypes.c_void_p(stream), params, None),
                    "cuLaunchKernel")
