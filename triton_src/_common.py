@@ -105,6 +105,18 @@ def abs_nan_inf(x):
 
 
 @triton.jit
+def fp8_store_rowwise(v, a, rows, cols, M, K, cb, q_ptr, s_ptr, pow2):
+    """The row-wise copy of the fp32 rows v (rows `rows`, columns `cols` of an (M, K)
+    matrix; each row one 1 x 128 block, a = abs_nan_inf(v)): data at q[rows, cols], scales
+    at s[cb, rows]."""
+    s_r = fp8_scale(tl.max(a, axis=1), pow2)
+    q = fp8_quantize_values(v, s_r[:, None])
+    tl.store(q_ptr + rows[:, None] * K + cols[None, :], q.to(q_ptr.dtype.element_ty),
+             mask=(rows < M)[:, None] & (cols < K)[None, :])
+    tl.store(s_ptr + cb * M + rows, s_r, mask=rows < M)
+
+
+@triton.jit
 def fp8_store_1x128(v, rb, cb, rows, cols, M, K, q_ptr, s_ptr, qt_ptr, st_ptr, want_row,
                     want_col, pow2):
     """Quantizes the fp32 tile v (rows x cols, tile (rb, cb) of an (M, K) matrix) in 1 x 128
@@ -118,11 +130,7 @@ def fp8_store_1x128(v, rb, cb, rows, cols, M, K, q_ptr, s_ptr, qt_ptr, st_ptr, w
     cmask = cols < K
     a = abs_nan_inf(v)
     if want_row != 0:
-        s_r = fp8_scale(tl.max(a, axis=1), pow2)
-        q = fp8_quantize_values(v, s_r[:, None])
-        tl.store(q_ptr + rows[:, None] * K + cols[None, :], q.to(q_ptr.dtype.element_ty),
-                 mask=rmask[:, None] & cmask[None, :])
-        tl.store(s_ptr + cb * M + rows, s_r, mask=rmask)
+        fp8_store_rowwise(v, a, rows, cols, M, K, cb, q_ptr, s_ptr, pow2)
     if want_col != 0:
         s_c = fp8_scale(tl.max(a, axis=0), pow2)
         qt = fp8_quantize_values(v, s_c[None, :])

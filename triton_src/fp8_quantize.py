@@ -23,7 +23,8 @@ q = x * r with r = 1 / s (one correctly rounded reciprocal per block, then one m
 element: a division per element cost half the kernel's time), clamped to [-448, 448] (NaN
 stays NaN), then rounded to the output element type by the store: to nearest even with
 float8_e4m3fn outputs (the kernel is also run with float32 outputs under the interpreter,
-which tests everything up to that cast). Masked elements of partial tiles read as 0 and are not stored.
+which tests everything up to that cast). Masked elements of partial tiles read as 0 and are
+not stored.
 
 The FP8 variants are built for sm_90 and newer only: 8.x GPUs run the sm_80 cubins, and
 sm_80 has no FP8 conversions.
@@ -32,7 +33,7 @@ import triton
 import triton.language as tl
 
 from _common import (DTYPES, FLAG_ALIGNED, Variant, abs_nan_inf, aligned_args,
-                     fp8_store_1x128)
+                     fp8_store_1x128, fp8_store_rowwise)
 from _common import fp8_quantize_values as _quantize
 from _common import fp8_scale as _scale
 
@@ -62,16 +63,6 @@ def _rows(x_ptr, rows, cols, M, K):
 
 
 @triton.jit
-def _rowwise_copy(x, a, rows, cols, M, K, cb, q_ptr, s_ptr, pow2):
-    """The row-wise copy of rows `rows` (each a 1 x 128 block): data and scales."""
-    s_r = _scale(tl.max(a, axis=1), pow2)
-    q = _quantize(x, s_r[:, None])
-    tl.store(q_ptr + rows[:, None] * K + cols[None, :], q.to(q_ptr.dtype.element_ty),
-             mask=(rows < M)[:, None] & (cols < K)[None, :])
-    tl.store(s_ptr + cb * M + rows, s_r, mask=rows < M)
-
-
-@triton.jit
 def _fp8_bits(x, s, shift: tl.constexpr):
     """The float8_e4m3fn bits of x quantized with scale s, in a uint32 shifted left."""
     q = _quantize(x, s).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
@@ -95,10 +86,10 @@ def _packed_1x128(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, want_row, want_col,
     x3 = _rows(x_ptr, 4 * grp + 3, cols, M, K)
     a0, a1, a2, a3 = abs_nan_inf(x0), abs_nan_inf(x1), abs_nan_inf(x2), abs_nan_inf(x3)
     if want_row != 0:
-        _rowwise_copy(x0, a0, 4 * grp, cols, M, K, cb, q_ptr, s_ptr, pow2)
-        _rowwise_copy(x1, a1, 4 * grp + 1, cols, M, K, cb, q_ptr, s_ptr, pow2)
-        _rowwise_copy(x2, a2, 4 * grp + 2, cols, M, K, cb, q_ptr, s_ptr, pow2)
-        _rowwise_copy(x3, a3, 4 * grp + 3, cols, M, K, cb, q_ptr, s_ptr, pow2)
+        fp8_store_rowwise(x0, a0, 4 * grp, cols, M, K, cb, q_ptr, s_ptr, pow2)
+        fp8_store_rowwise(x1, a1, 4 * grp + 1, cols, M, K, cb, q_ptr, s_ptr, pow2)
+        fp8_store_rowwise(x2, a2, 4 * grp + 2, cols, M, K, cb, q_ptr, s_ptr, pow2)
+        fp8_store_rowwise(x3, a3, 4 * grp + 3, cols, M, K, cb, q_ptr, s_ptr, pow2)
     if want_col != 0:
         s_c = _scale(tl.max(tl.maximum(tl.maximum(a0, a1), tl.maximum(a2, a3)), axis=0), pow2)
         sc = s_c[None, :]
@@ -120,7 +111,7 @@ def _plain(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_row, want_col
     rmask = rows < M
     cmask = cols < K
     mask = rmask[:, None] & cmask[None, :]
-    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = _rows(x_ptr, rows, cols, M, K)
     q_offs = rows[:, None] * K + cols[None, :]
     # the column-wise copy is stored as a (TILE_K, TILE_M) tile, contiguous along M
     qt_offs = cols[:, None] * M + rows[None, :]

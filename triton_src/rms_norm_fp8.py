@@ -106,8 +106,8 @@ def rms_norm_fp8_tile_kernel(x_ptr, w_ptr, rstd_ptr, q_ptr, s_ptr, qt_ptr, st_pt
 FLAG_COLS = 2
 TILE_FORMS = ((0, TILE, TILE, 8), (FLAG_COLS, TILE, 32, 4))
 # Single-pass buckets: (BLOCK_K, rows per program, warps); wider rows take rstd + tile.
-# (BLOCK_K, ROWS, warps) of the rows kernel; 2048 and 4096 at 4 warps from an H100 sweep
-# (benchmarks/tune_rms_norm_fp8.py, 8192 rows: 30.1 -> 28.4 us and 51.4 -> 48.4 us).
+# 2048 and 4096 at 4 warps from an H100 sweep (benchmarks/tune_rms_norm_fp8.py, 8192 rows:
+# 30.1 -> 28.4 us and 51.4 -> 48.4 us).
 _ROWS_BUCKETS = ((256, 8, 4), (1024, 2, 4), (2048, 1, 4), (4096, 1, 4), (8192, 1, 16),
                  (16384, 1, 16))
 RSTD_BLOCK = 4096
