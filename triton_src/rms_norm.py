@@ -134,7 +134,10 @@ _BWD_ARGS = ("dy_ptr", "x_ptr", "w_ptr", "rstd_ptr", "dx_ptr", "dw_ptr", "dy_str
              "x_stride", "dx_stride", "M", "N", "offset", "rows_per_program", "has_w",
              "casting")
 _DW_ARGS = ("partial_ptr", "dw_ptr", "P", "N")
-_DW_BLOCK = (32, 64)  # (rows, columns) per step of the dw reduction
+# (rows, columns, warps) per step of the dw reduction. Its steps are latency-bound (one load
+# round trip each), so a step takes many rows of a narrow column block: 1056 partial rows of
+# 128 columns took 24 us as 33 steps of (32, 64) (benchmarks/NOTES.md v18).
+_DW_BLOCK = (256, 16, 8)
 _TYPES = {"rstd_ptr": "*fp32", "dw_ptr": "*fp32", "partial_ptr": "*fp32", "P": "i32",
           "eps": "fp32", "offset": "fp32",
           "x_stride": "i64", "y_stride": "i64", "dy_stride": "i64", "dx_stride": "i64",
@@ -174,5 +177,5 @@ def variants(arch: int) -> list:
         out.append(Variant(family="rms_norm_dw", kernel="rms_norm_dw_kernel", dtype=dt,
                            block=_DW_BLOCK[1], signature=sig,
                            constexprs={"BLOCK_P": _DW_BLOCK[0], "BLOCK_N": _DW_BLOCK[1]},
-                           num_warps=4))
+                           num_warps=_DW_BLOCK[2]))
     return out
