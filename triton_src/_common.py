@@ -14,6 +14,9 @@ import triton.language as tl
 # Flags a variant can be specialized on. The C++ side builds the same mask from the
 # actual arguments (see csrc/runtime/kernels.h) and asks for the variant that matches.
 FLAG_ALIGNED = 1  # every pointer 16-byte aligned, every row length/stride a multiple of 16
+# With FLAG_ALIGNED: the count of rows (tokens) the tiles run over is a multiple of 16 too, and
+# hinted so; the row masks of 16-row tiles are then uniform (benchmarks/NOTES.md v18).
+FLAG_ROWS16 = 256
 
 DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 

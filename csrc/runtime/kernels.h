@@ -21,6 +21,7 @@
 namespace fk::runtime {
 
 constexpr uint32_t kFlagAligned = 1;  // matches triton_src/_common.py FLAG_ALIGNED
+constexpr uint32_t kFlagRows16 = 256;  // FLAG_ROWS16: with kFlagAligned, rows a multiple of 16
 
 // The arch whose cubins run on a device of this compute capability (8.x -> 80, else exact).
 int arch_for_capability(int major, int minor);

@@ -25,10 +25,15 @@ Launch prepare(const char* op, const runtime::KernelFamily& fam, const GatedNorm
                bool transpose_out, std::initializer_list<const Tensor*> tensors) {
   FK_CHECK(p.g <= fam.max_block(x), op, ": group_size (", p.g, ") must be at most ",
            fam.max_block(x), " on CUDA");
-  const bool aligned = runtime::aligned16(tensors) && p.n % 16 == 0 && p.g % 16 == 0;
   Launch l{};
-  l.kern = &fam.pick(op, x, p.g, aligned ? runtime::kFlagAligned : 0);
   l.m = x.numel() / p.n;
+  // The kernels index rows and tiles in int32 (element offsets are int64).
+  FK_CHECK(l.m < (int64_t{1} << 31) - (int64_t{1} << 16), op, ": x has ", l.m,
+           " rows of ", p.n, " elements; at most 2^31 - 2^16 - 1 are supported on CUDA");
+  const bool aligned = runtime::aligned16(tensors) && p.n % 16 == 0 && p.g % 16 == 0;
+  const uint32_t flags =
+      aligned ? runtime::kFlagAligned | (l.m % 16 == 0 ? runtime::kFlagRows16 : 0) : 0;
+  l.kern = &fam.pick(op, x, p.g, flags);
   l.b = transpose_out ? x.size(0) : 1;
   l.s = transpose_out ? x.size(1) : 1;
   l.h = transpose_out ? x.size(2) : 1;
@@ -51,7 +56,7 @@ Tensor gated_group_rms_norm_cuda(Tensor x, Tensor gate, std::optional<Tensor> we
   const auto l = prepare(op, family_fwd, p, xc, transpose_out,
                          {&xc, &gc, &w, &y});
   KernelArgs args;
-  args.ptr(xc).ptr(gc).ptr(w).ptr(y).i64(l.m).i32(p.n).i32(p.g).i32(l.b).i32(l.s).i32(l.h)
+  args.ptr(xc).ptr(gc).ptr(w).ptr(y).i32(l.m).i32(p.n).i32(p.g).i32(l.b).i32(l.s).i32(l.h)
       .f32(eps).i32(has(weight) ? 1 : 0).i32(p.w_per_group ? 1 : 0).i32(p.sigmoid ? 1 : 0)
       .i32(transpose_out ? 1 : 0);
   runtime::launch(op, *l.kern, x.device(), {l.tiles, 1, 1}, args);
@@ -85,7 +90,7 @@ std::tuple<Tensor, Tensor, Tensor> gated_group_rms_norm_backward_cuda(
   const int64_t programs = runtime::persistent_grid(l.tiles, x.device(), per_sm).programs;
   auto part = has_w ? aten::empty({programs, weight->numel()}, kFloat, x.device()) : Tensor();
   KernelArgs args;
-  args.ptr(dy).ptr(xc).ptr(gc).ptr(w).ptr(dx).ptr(dg).ptr(has_w ? part : dx).i64(l.m).i32(p.n)
+  args.ptr(dy).ptr(xc).ptr(gc).ptr(w).ptr(dx).ptr(dg).ptr(has_w ? part : dx).i32(l.m).i32(p.n)
       .i32(p.g).i32(l.b).i32(l.s).i32(l.h).f32(eps).i32(has_w ? 1 : 0)
       .i32(p.w_per_group ? 1 : 0).i32(p.sigmoid ? 1 : 0).i32(transpose_out ? 1 : 0);
   runtime::launch(op, *l.kern, x.device(), {programs, 1, 1}, args);
