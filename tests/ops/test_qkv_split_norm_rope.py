@@ -198,14 +198,14 @@ def test_interpreter_backward(case, opts, programs):
 
 
 def test_variants_cover_every_dtype_and_flag():
-    """Every dtype has both kernels at every half block, aligned or not, with cos / sin of
-    its own dtype and (16-bit dtypes) float32."""
+    """Every dtype has both kernels at every half block, aligned or not (aligned also with S
+    a multiple of 16: 257), with cos / sin of its own dtype and (16-bit dtypes) float32."""
     mod = load_triton_src("qkv_split_norm_rope")
     vs = mod.variants(90)
     for family, tiles in (("qkv_split_norm_rope_fwd", mod.FWD_TILES),
                           ("qkv_split_norm_rope_bwd", mod.BWD_TILES)):
         for dt in ("fp32", "bf16", "fp16"):
-            flags = {0, 1} if dt == "fp32" else {0, 1, 2, 3}
+            flags = {0, 1, 257} if dt == "fp32" else {0, 1, 257, 2, 3, 259}
             for hb in tiles:
                 got = {v.flags for v in vs if v.family == family and v.dtype == dt
                        and v.block == hb}
@@ -496,6 +496,7 @@ def test_torchscript(tmp_path):
 CUDA_SHAPES = {
     "qwen3_30b_a3b": (2, 129, 32, 4, 128, None, 128, (True, True)),
     "qwen3_8b": (1, 77, 32, 8, 128, None, 128, (True, True)),
+    "seq_of_16s": (2, 48, 16, 4, 128, None, 128, (True, True)),  # the FLAG_ROWS16 variants
     "head_dim_64": (3, 33, 16, 4, 64, None, 64, (True, True)),
     "head_dim_256": (1, 19, 8, 2, 256, None, 256, (True, True)),
     "mha_odd": (2, 9, 5, 5, 128, None, 128, (True, True)),

@@ -55,7 +55,7 @@ Launch prepare(const char* op, const runtime::KernelFamily& fam, const QkvSplit&
   for (int64_t v : {l.in_sb, l.in_ss, l.cos_sb, l.cos_ss, p.d, l.half}) {
     aligned = aligned && v % 16 == 0;
   }
-  l.flags = (aligned ? runtime::kFlagAligned : 0) |
+  l.flags = (aligned ? runtime::kFlagAligned | (p.s % 16 == 0 ? runtime::kFlagRows16 : 0) : 0) |
             (l.cos.scalar_type() != x.scalar_type() ? kFlagCosFp32 : 0);
   l.kern = &fam.pick(op, x, l.half, l.flags);
   const int64_t bt = l.kern->constexpr_value("BT"), bh = l.kern->constexpr_value("BH");
