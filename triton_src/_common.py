@@ -142,6 +142,40 @@ def fp8_store_1x128(v, rb, cb, rows, cols, M, K, q_ptr, s_ptr, qt_ptr, st_ptr, w
         tl.store(st_ptr + rb * K + cols, s_c, mask=cmask)
 
 
+@triton.jit
+def fp8_bits(x, s, shift: tl.constexpr):
+    """The float8_e4m3fn bits of x quantized with scale s, in a uint32 shifted left."""
+    q = fp8_quantize_values(x, s).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    return q.to(tl.uint32) << shift
+
+
+@triton.jit
+def fp8_store_packed(x0, x1, x2, x3, grp, cols, M, K, rb, cb, q_ptr, s_ptr, qt_ptr, st_ptr,
+                     want_row, want_col, pow2):
+    """fp8_store_1x128 of a tile read as four slabs: xj (fp32, R x cols) holds rows
+    4 * grp + j of an (M, K) matrix (tile (rb, cb); grp the R word indices along M). The
+    column-wise copy is stored in 32-bit words: the float8 bytes of rows 4i .. 4i + 3 of a
+    column make one little-endian word of qt (K, M) viewed as (K, M / 4) int32, so the
+    transposed store moves a quarter as many elements (benchmarks/NOTES.md v17). Needs
+    M % 4 == 0 and a 4-byte aligned qt; elements outside the matrix must read as 0."""
+    a0, a1, a2, a3 = abs_nan_inf(x0), abs_nan_inf(x1), abs_nan_inf(x2), abs_nan_inf(x3)
+    if want_row != 0:
+        fp8_store_rowwise(x0, a0, 4 * grp, cols, M, K, cb, q_ptr, s_ptr, pow2)
+        fp8_store_rowwise(x1, a1, 4 * grp + 1, cols, M, K, cb, q_ptr, s_ptr, pow2)
+        fp8_store_rowwise(x2, a2, 4 * grp + 2, cols, M, K, cb, q_ptr, s_ptr, pow2)
+        fp8_store_rowwise(x3, a3, 4 * grp + 3, cols, M, K, cb, q_ptr, s_ptr, pow2)
+    if want_col != 0:
+        s_c = fp8_scale(tl.max(tl.maximum(tl.maximum(a0, a1), tl.maximum(a2, a3)), axis=0),
+                        pow2)
+        sc = s_c[None, :]
+        w = fp8_bits(x0, sc, 0) | fp8_bits(x1, sc, 8) | fp8_bits(x2, sc, 16) | \
+            fp8_bits(x3, sc, 24)
+        words = qt_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+        tl.store(words + cols[None, :] * (M // 4) + grp[:, None], w.to(tl.int32, bitcast=True),
+                 mask=(grp < M // 4)[:, None] & (cols < K)[None, :])
+        tl.store(st_ptr + rb * K + cols, s_c, mask=cols < K)
+
+
 # --- RMSNorm pieces, shared by rms_norm and fused_add_rms_norm -----------------------------
 # ``casting`` is the run-time casting mode of triton_src/rms_norm.py: 0 none, 1 llama,
 # 2 gemma.

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from _common import (DTYPES, FLAG_ALIGNED, Variant, abs_nan_inf, aligned_args,
-                     fp8_store_1x128, fp8_store_rowwise)
+                     fp8_store_1x128, fp8_store_packed)
 from _common import fp8_quantize_values as _quantize
 from _common import fp8_scale as _scale
 
@@ -63,42 +63,17 @@ def _rows(x_ptr, rows, cols, M, K):
 
 
 @triton.jit
-def _fp8_bits(x, s, shift: tl.constexpr):
-    """The float8_e4m3fn bits of x quantized with scale s, in a uint32 shifted left."""
-    q = _quantize(x, s).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-    return q.to(tl.uint32) << shift
-
-
-@triton.jit
 def _packed_1x128(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, want_row, want_col, pow2, rb, cb,
                   TILE_M: tl.constexpr, TILE_K: tl.constexpr):
-    """1 x 128 blocks with the column-wise copy written in 32-bit words: the tile is read as
-    four slabs of rows 4i + j, so the float8 bytes of rows 4i .. 4i + 3 of a column combine
-    into one little-endian word of qt (K, M) viewed as (K, M / 4) int32, and the transposed
-    store moves a quarter as many elements (benchmarks/NOTES.md v17). Needs M % 4 == 0 and
-    a 4-byte aligned qt."""
+    """1 x 128 blocks with the column-wise copy written in 32-bit words
+    (_common.fp8_store_packed): the tile is read as four slabs of rows 4i + j."""
     R: tl.constexpr = TILE_M // 4
     grp = rb.to(tl.int64) * R + tl.arange(0, R)  # word index along M
     cols = cb.to(tl.int64) * TILE_K + tl.arange(0, TILE_K)
-    x0 = _rows(x_ptr, 4 * grp, cols, M, K)
-    x1 = _rows(x_ptr, 4 * grp + 1, cols, M, K)
-    x2 = _rows(x_ptr, 4 * grp + 2, cols, M, K)
-    x3 = _rows(x_ptr, 4 * grp + 3, cols, M, K)
-    a0, a1, a2, a3 = abs_nan_inf(x0), abs_nan_inf(x1), abs_nan_inf(x2), abs_nan_inf(x3)
-    if want_row != 0:
-        fp8_store_rowwise(x0, a0, 4 * grp, cols, M, K, cb, q_ptr, s_ptr, pow2)
-        fp8_store_rowwise(x1, a1, 4 * grp + 1, cols, M, K, cb, q_ptr, s_ptr, pow2)
-        fp8_store_rowwise(x2, a2, 4 * grp + 2, cols, M, K, cb, q_ptr, s_ptr, pow2)
-        fp8_store_rowwise(x3, a3, 4 * grp + 3, cols, M, K, cb, q_ptr, s_ptr, pow2)
-    if want_col != 0:
-        s_c = _scale(tl.max(tl.maximum(tl.maximum(a0, a1), tl.maximum(a2, a3)), axis=0), pow2)
-        sc = s_c[None, :]
-        w = _fp8_bits(x0, sc, 0) | _fp8_bits(x1, sc, 8) | _fp8_bits(x2, sc, 16) | \
-            _fp8_bits(x3, sc, 24)
-        words = qt_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-        tl.store(words + cols[None, :] * (M // 4) + grp[:, None], w.to(tl.int32, bitcast=True),
-                 mask=(grp < M // 4)[:, None] & (cols < K)[None, :])
-        tl.store(st_ptr + rb * K + cols, s_c, mask=cols < K)
+    fp8_store_packed(_rows(x_ptr, 4 * grp, cols, M, K), _rows(x_ptr, 4 * grp + 1, cols, M, K),
+                     _rows(x_ptr, 4 * grp + 2, cols, M, K), _rows(x_ptr, 4 * grp + 3, cols, M, K),
+                     grp, cols, M, K, rb, cb, q_ptr, s_ptr, qt_ptr, st_ptr, want_row, want_col,
+                     pow2)
 
 
 @triton.jit
