@@ -15,7 +15,9 @@ swiglu_fp8_fwd_kernel: one program per tile of TILE_M rows x 128 columns of h, r
     blk_e + cdiv(M_e, 128) - 1 with blk_e = sum_{f<e} cdiv(M_f, 128), its last block is
     partial; programs past the last block see no rows (their scales read 1.0). The counts
     are read on the device (each program sums them itself: no host sync); negative counts
-    read as 0 and rows past M are never touched.
+    read as 0 and rows past M are never touched. PACKED (the aligned plain form with
+    TILE_M = 128; M % 4 == 0) reads the tile as four slabs of rows 4i + j and stores qt in
+    32-bit words of four rows' bytes (_common.fp8_store_packed): the same bytes.
 swiglu_fp8_bwd_q_kernel: the input gradient dx (M, 2n) of h = silu(gate) * up given dh
     (M, n), rounded to x's dtype and quantized in 1 x 128 blocks along 2n (q (M, 2n), s
     (2n / 128, M)) and / or as its transposed copy (qt (2n, M), st (cdiv(M, 128), 2n)). One
@@ -35,7 +37,7 @@ newer only (as fp8_quantize: sm_80 has no FP8 conversions).
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args, fp8_store_packed
 from _common import fp8_quantize_values as _quantize
 from _common import fp8_scale as _scale
 
@@ -79,33 +81,49 @@ def _store_fp8(v, rows, cols, rmask, cmask, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, 
 
 
 @triton.jit
-def swiglu_fp8_fwd_kernel(x_ptr, p_ptr, tpe_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, h_ptr, M, n, E,
-                          has_p, want_row, want_col, want_h, pow2, TILE_M: tl.constexpr,
-                          TILE_N: tl.constexpr, E_BLOCK: tl.constexpr):
-    rb = tl.program_id(0)
-    cb = tl.program_id(1)
-    if E > 0:
-        row0, end = _segment_rows(tpe_ptr, rb, M, E, E_BLOCK)
-    else:
-        row0 = rb.to(tl.int64) * TILE_M
-        end = M
-    rows = row0 + tl.arange(0, TILE_M)
-    cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)
-    rmask = rows < end
-    cmask = cols < n
-    mask = rmask[:, None] & cmask[None, :]
+def _h_rows(x_ptr, p_ptr, h_ptr, rows, cols, end, n, has_p, want_h):
+    """h = silu(gate) * up (* p) of rows `rows` (< end) and columns `cols` (< n), rounded to
+    h's dtype (stored when ``want_h``) and returned in fp32; 0 outside."""
+    mask = (rows < end)[:, None] & (cols < n)[None, :]
     x_offs = rows[:, None] * (2 * n) + cols[None, :]
     g = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + x_offs + n, mask=mask, other=0.0).to(tl.float32)
     h = g * tl.sigmoid(g) * u
     if has_p != 0:
-        p = tl.load(p_ptr + rows, mask=rmask, other=0.0)
-        h = h * p[:, None]
+        h = h * tl.load(p_ptr + rows, mask=rows < end, other=0.0)[:, None]
     h = h.to(h_ptr.dtype.element_ty)
     if want_h != 0:
         tl.store(h_ptr + rows[:, None] * n + cols[None, :], h, mask=mask)
-    _store_fp8(h.to(tl.float32), rows, cols, rmask, cmask, q_ptr, s_ptr, qt_ptr, st_ptr, M, n,
-               cb, rb, want_row, want_col, pow2)
+    return h.to(tl.float32)
+
+
+@triton.jit
+def swiglu_fp8_fwd_kernel(x_ptr, p_ptr, tpe_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, h_ptr, M, n, E,
+                          has_p, want_row, want_col, want_h, pow2, TILE_M: tl.constexpr,
+                          TILE_N: tl.constexpr, E_BLOCK: tl.constexpr, PACKED: tl.constexpr = 0):
+    rb = tl.program_id(0)
+    cb = tl.program_id(1)
+    if PACKED:  # the plain form (E == 0), M % 4 == 0: four slabs of rows 4i + j, words of qt
+        R: tl.constexpr = TILE_M // 4
+        grp = rb.to(tl.int64) * R + tl.arange(0, R)
+        cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)
+        fp8_store_packed(_h_rows(x_ptr, p_ptr, h_ptr, 4 * grp, cols, M, n, has_p, want_h),
+                         _h_rows(x_ptr, p_ptr, h_ptr, 4 * grp + 1, cols, M, n, has_p, want_h),
+                         _h_rows(x_ptr, p_ptr, h_ptr, 4 * grp + 2, cols, M, n, has_p, want_h),
+                         _h_rows(x_ptr, p_ptr, h_ptr, 4 * grp + 3, cols, M, n, has_p, want_h),
+                         grp, cols, M, n, rb, cb, q_ptr, s_ptr, qt_ptr, st_ptr, want_row,
+                         want_col, pow2)
+    else:
+        if E > 0:
+            row0, end = _segment_rows(tpe_ptr, rb, M, E, E_BLOCK)
+        else:
+            row0 = rb.to(tl.int64) * TILE_M
+            end = M.to(tl.int64)
+        rows = row0 + tl.arange(0, TILE_M)
+        cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)
+        h = _h_rows(x_ptr, p_ptr, h_ptr, rows, cols, end, n, has_p, want_h)
+        _store_fp8(h, rows, cols, rows < end, cols < n, q_ptr, s_ptr, qt_ptr, st_ptr, M, n, cb,
+                   rb, want_row, want_col, pow2)
 
 
 @triton.jit
@@ -117,29 +135,34 @@ def _swiglu_grads(dh, g, u):
 
 
 @triton.jit
-def swiglu_fp8_bwd_q_kernel(dh_ptr, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, n, want_row,
-                            want_col, pow2, TILE_M: tl.constexpr, TILE_N: tl.constexpr):
+def _grad_rows(dh_ptr, x_ptr, rows, cols, M, n):
+    """(d gate, d up) of rows `rows` (< M), columns `cols` (< n), rounded to x's dtype and
+    returned in fp32; 0 outside."""
     dtype = x_ptr.dtype.element_ty
-    rb = tl.program_id(0)
-    cb = tl.program_id(1)
-    rows = rb.to(tl.int64) * TILE_M + tl.arange(0, TILE_M)
-    cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)
-    rmask = rows < M
-    cmask = cols < n
-    mask = rmask[:, None] & cmask[None, :]
+    mask = (rows < M)[:, None] & (cols < n)[None, :]
     x_offs = rows[:, None] * (2 * n) + cols[None, :]
     dh = tl.load(dh_ptr + rows[:, None] * n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     g = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + x_offs + n, mask=mask, other=0.0).to(tl.float32)
     dg, du = _swiglu_grads(dh, g, u)
-    dg = dg.to(dtype).to(tl.float32)
-    du = du.to(dtype).to(tl.float32)
+    return dg.to(dtype).to(tl.float32), du.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def swiglu_fp8_bwd_q_kernel(dh_ptr, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, n, want_row,
+                            want_col, pow2, TILE_M: tl.constexpr, TILE_N: tl.constexpr):
+    # No word store here: with both copies it ran 3 % slower (H100, benchmarks/NOTES.md v18).
+    rb = tl.program_id(0)
+    cb = tl.program_id(1)
+    rows = rb.to(tl.int64) * TILE_M + tl.arange(0, TILE_M)
+    cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)
     K = 2 * n
     nb = n // TILE_N  # column blocks of one half
-    _store_fp8(dg, rows, cols, rmask, cmask, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, cb, rb,
+    dg, du = _grad_rows(dh_ptr, x_ptr, rows, cols, M, n)
+    _store_fp8(dg, rows, cols, rows < M, cols < n, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, cb, rb,
                want_row, want_col, pow2)
-    _store_fp8(du, rows, cols + n, rmask, cmask, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, nb + cb, rb,
-               want_row, want_col, pow2)
+    _store_fp8(du, rows, cols + n, rows < M, cols < n, q_ptr, s_ptr, qt_ptr, st_ptr, M, K,
+               nb + cb, rb, want_row, want_col, pow2)
 
 
 @triton.jit
@@ -207,18 +230,24 @@ def variants(arch: int) -> list:
         return []
     out = []
     for dt in DTYPES:
-        fwd = _sig(_FWD, dt, ("TILE_M", "TILE_N", "E_BLOCK"))
+        fwd = _sig(_FWD, dt, ("TILE_M", "TILE_N", "E_BLOCK", "PACKED"))
         bwd_q = _sig(_BWD_Q, dt, ("TILE_M", "TILE_N"))
         dx = _sig(_DX, dt, ("ROWS", "BLOCK_N"))
         # FLAG_ALIGNED: M and n multiples of 16 and x 16-byte aligned (wide loads and stores).
         for flags in (0, FLAG_ALIGNED):
             mn = aligned_args(fwd, flags, ("M", "n"))
             for tile in TILES_M:
+                # The aligned plain form with the column-wise copy stores it in words, at 4
+                # warps (H100, JIT, the plain path's best in brackets: 8192 x 2 x 14336 both
+                # 513.8 (526.5) us, column-wise 429.9 (463.2); 8192 x 2 x 1408 62.1 (67.8),
+                # 55.6 (59.3); benchmarks/NOTES.md v18).
+                packed = int(bool(flags) and tile == TILE)
                 out.append(Variant(family="swiglu_fp8_fwd", kernel="swiglu_fp8_fwd_kernel",
                                    dtype=dt, block=tile, signature=fwd,
-                                   constexprs={"TILE_M": tile, "TILE_N": TILE, "E_BLOCK": 16},
-                                   num_warps=8 if tile == TILE else 4, flags=flags,
-                                   divisible_by_16=mn))
+                                   constexprs={"TILE_M": tile, "TILE_N": TILE, "E_BLOCK": 16,
+                                               "PACKED": packed},
+                                   num_warps=8 if tile == TILE and not packed else 4,
+                                   flags=flags, divisible_by_16=mn))
                 out.append(Variant(family="swiglu_fp8_bwd_q", kernel="swiglu_fp8_bwd_q_kernel",
                                    dtype=dt, block=tile, signature=bwd_q,
                                    constexprs={"TILE_M": tile, "TILE_N": TILE},
@@ -227,7 +256,8 @@ def variants(arch: int) -> list:
             for eb in E_BLOCKS:
                 out.append(Variant(family="moe_swiglu_fp8_fwd", kernel="swiglu_fp8_fwd_kernel",
                                    dtype=dt, block=eb, signature=fwd,
-                                   constexprs={"TILE_M": TILE, "TILE_N": TILE, "E_BLOCK": eb},
+                                   constexprs={"TILE_M": TILE, "TILE_N": TILE, "E_BLOCK": eb,
+                                               "PACKED": 0},
                                    num_warps=8, flags=flags, divisible_by_16=mn))
             for fam, rows, block in (("swiglu_fp8_dx", DX_ROWS, DX_BLOCK),
                                      ("swiglu_fp8_dx_q", DX_Q_ROWS, TILE)):

@@ -230,6 +230,53 @@ def test_interpreter_dx_quantized(dtype, m, n):
         assert_close(dp, dp0, torch.float32, what="dp")
 
 
+def _packed_same(launch, m, k, want_row):
+    """Runs ``launch(packed, q, s, qt, st)`` with PACKED 0 and 1 (float8 outputs of an (m, k)
+    matrix) and checks that both write the same bytes and scales; returns the other outputs
+    ``launch`` gave back, per run."""
+    got, extra = [], []
+    for packed in (0, 1):
+        q, qt = torch.zeros(m, k, dtype=FP8), torch.zeros(k, m, dtype=FP8)
+        s, st = torch.full((cdiv(k, 128), m), -1.0), torch.full((cdiv(m, 128), k), -1.0)
+        extra.append(launch(packed, q, s, qt, st))
+        got.append([q.view(torch.uint8), s.view(torch.int32), qt.view(torch.uint8),
+                    st.view(torch.int32)])  # bit patterns: NaN scales compare equal
+    for a, b in zip(*got):
+        assert torch.equal(a, b)
+    assert (got[1][1] == torch.tensor(-1.0).view(torch.int32)).all() != bool(want_row)
+    return extra
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["both", "columnwise"])
+@pytest.mark.parametrize("shape,with_probs", [((256, 192), False), ((144, 128), True),
+                                              ("special", False)])
+def test_interpreter_packed_path(dtype, layout, shape, with_probs):
+    """The forward's PACKED path (four slabs of interleaved rows; the column-wise copy stored
+    as 32-bit words of four rows' float8 bytes) writes the same bytes, scales and h as its
+    plain path, which test_interpreter_forward checks against the reference: float8 outputs
+    on both sides, so both go through the interpreter's float8 cast (checked itself on the
+    GPU, where the aligned shapes with a column-wise copy run the PACKED variants)."""
+    mod = load_triton_src("swiglu_fp8")
+    if shape == "special":
+        x = special_x(dtype)
+        x = x[:x.shape[0] // 4 * 4]
+    else:
+        x = randn(shape[0], 2 * shape[1], dtype=dtype, scale=2.0)
+    m, n = x.shape[0], x.shape[1] // 2
+    probs = torch.rand(m) if with_probs else x
+    want_row = int(layout == "both")
+    for pow2 in (0, 1):
+        def launch(packed, q, s, qt, st):
+            h = torch.zeros(m, n, dtype=x.dtype)
+            mod.swiglu_fp8_fwd_kernel[(cdiv(m, 128), cdiv(n, 128))](
+                x, probs, x, q, s, qt, st, h, m, n, 0, int(with_probs), want_row, 1, 1, pow2,
+                TILE_M=128, TILE_N=128, E_BLOCK=16, PACKED=packed)
+            return h
+        h0, h1 = _packed_same(launch, m, n, want_row)
+        torch.testing.assert_close(h0, h1, rtol=0, atol=0, equal_nan=True)
+
+
 def test_variants_cover_every_dtype():
     mod = load_triton_src("swiglu_fp8")
     assert mod.variants(80) == []
@@ -242,6 +289,9 @@ def test_variants_cover_every_dtype():
                             ("swiglu_fp8_dx", (mod.DX_BLOCK,)), ("swiglu_fp8_dx_q", (128,))):
             assert fams[fam] == {(dt, f, b) for dt in ("fp32", "bf16", "fp16") for f in (0, 1)
                                  for b in blocks}, fam
+        for v in mod.variants(arch):  # the word stores need M % 4 == 0 and E == 0
+            packed = v.family == "swiglu_fp8_fwd" and v.flags == 1 and v.block == 128
+            assert v.constexprs.get("PACKED", 0) == int(packed), (v.family, v.flags, v.block)
 
 
 # --- level 2: the CPU backend ---------------------------------------------------------------
