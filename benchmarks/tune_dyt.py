@@ -152,10 +152,10 @@ def main():
         """dalpha, dgamma, dbeta from the partials (the library's reduction kernel)."""
         da = torch.empty(1, device=dev)
         dg, db = torch.empty(n, device=dev), torch.empty(n, device=dev)
-        rb, rn = K.REDUCE_BLOCK
+        rb, rn, rw = K.REDUCE_BLOCK
         K.dyt_reduce_kernel[(triton.cdiv(n, rn) + 1,)](part, da, dg, db, programs, n,
                                                        col_blocks, 1, BLOCK_P=rb,
-                                                       BLOCK_N=rn, num_warps=4)
+                                                       BLOCK_N=rn, num_warps=rw)
         return da, dg, db
 
     # checks: each candidate form against the library kernels at the library's configuration

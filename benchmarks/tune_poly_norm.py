@@ -99,7 +99,7 @@ def main():
     def reduce(part):
         dw, db = torch.empty(3, device=dev), torch.empty(1, device=dev)
         K.poly_norm_reduce_kernel[(1,)](part, dw, db, part.shape[0], BLOCK_P=K.REDUCE_ROWS,
-                                        num_warps=4)
+                                        num_warps=K.REDUCE_WARPS)
         return dw, db
 
     # checks: the candidate forward against the library kernel's y and rstd

@@ -123,7 +123,9 @@ def dyt_reduce_kernel(partial_ptr, dalpha_ptr, dgamma_ptr, dbeta_ptr, P, N, n_co
 # and 4 per multiprocessor. The 2048 buckets were the best of that sweep at their block.
 _FWD_BUCKETS = ((256, 16, 4), (1024, 4, 4), (2048, 4, 8), (4096, 2, 16))
 _BWD_BUCKETS = ((256, 16, 8), (1024, 4, 8), (2048, 2, 8), (4096, 1, 8))
-REDUCE_BLOCK = (32, 64)  # (rows, columns) per step of the reduction
+# (rows, columns, warps) per step of the reduction, whose steps are latency-bound (as
+# rms_norm_dw's: benchmarks/NOTES.md v18)
+REDUCE_BLOCK = (256, 16, 8)
 
 _FWD_ARGS = ("x_ptr", "alpha_ptr", "gamma_ptr", "beta_ptr", "y_ptr", "M", "N", "has_beta")
 _BWD_ARGS = ("dy_ptr", "x_ptr", "alpha_ptr", "gamma_ptr", "dx_ptr", "partial_ptr", "M", "N",
@@ -167,5 +169,5 @@ def variants(arch: int) -> list:
         out.append(Variant(family="dyt_reduce", kernel="dyt_reduce_kernel", dtype=dt,
                            block=REDUCE_BLOCK[1], signature=sig,
                            constexprs={"BLOCK_P": REDUCE_BLOCK[0], "BLOCK_N": REDUCE_BLOCK[1]},
-                           num_warps=4))
+                           num_warps=REDUCE_BLOCK[2]))
     return out

@@ -122,7 +122,9 @@ def poly_norm_reduce_kernel(partial_ptr, dw_ptr, db_ptr, P, BLOCK_P: tl.constexp
 _FWD_BUCKETS = ((256, 8, 4), (1024, 2, 4), (2048, 1, 8), (4096, 1, 4), (8192, 1, 16),
                 (16384, 1, 16))
 _BWD_BUCKETS = ((256, 4), (1024, 4), (2048, 8), (4096, 4), (8192, 16), (16384, 16))
-REDUCE_ROWS = 64
+# (rows per step, warps) of the reduction: its steps are latency-bound, and the backward's
+# 16 programs per multiprocessor leave 2112 partial rows on an H100 (benchmarks/NOTES.md v18).
+REDUCE_ROWS, REDUCE_WARPS = 1024, 8
 
 _FWD_ARGS = ("x_ptr", "w_ptr", "b_ptr", "y_ptr", "rstd_ptr", "M", "N", "eps")
 _BWD_ARGS = ("dy_ptr", "x_ptr", "w_ptr", "rstd_ptr", "dx_ptr", "partial_ptr", "M", "N",
@@ -164,5 +166,5 @@ def variants(arch: int) -> list:
         sig = _signature(_REDUCE_ARGS, dt, dt, ("BLOCK_P",))
         out.append(Variant(family="poly_norm_reduce", kernel="poly_norm_reduce_kernel",
                            dtype=dt, block=REDUCE_ROWS, signature=sig,
-                           constexprs={"BLOCK_P": REDUCE_ROWS}, num_warps=4))
+                           constexprs={"BLOCK_P": REDUCE_ROWS}, num_warps=REDUCE_WARPS))
     return out
