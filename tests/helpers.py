@@ -333,6 +333,26 @@ def same(out, ref):
     torch.testing.assert_close(out.float(), ref.float(), rtol=0, atol=0, equal_nan=True)
 
 
+def packed_same(launch, m, k, want_row):
+    """An FP8 kernel's PACKED path (the column-wise copy stored as 32-bit words) against its
+    plain path: runs ``launch(packed, q, s, qt, st)`` with PACKED 0 and 1 (float8 outputs of
+    an (m, k) matrix, 1 x 128 scales pre-filled with -1) and checks that both write the same
+    bytes and scales, and the row-wise scales exactly when ``want_row``; returns what
+    ``launch`` gave back, per run."""
+    got, extra = [], []
+    for packed in (0, 1):
+        q = torch.zeros(m, k, dtype=torch.float8_e4m3fn)
+        qt = torch.zeros(k, m, dtype=torch.float8_e4m3fn)
+        s, st = torch.full((cdiv(k, 128), m), -1.0), torch.full((cdiv(m, 128), k), -1.0)
+        extra.append(launch(packed, q, s, qt, st))
+        got.append([q.view(torch.uint8), s.view(torch.int32), qt.view(torch.uint8),
+                    st.view(torch.int32)])  # bit patterns: NaN scales compare equal
+    for a, b in zip(*got):
+        assert torch.equal(a, b)
+    assert (got[1][1] == torch.tensor(-1.0).view(torch.int32)).all() != bool(want_row)
+    return extra
+
+
 
 # --- cross entropy (fk.cross_entropy, fk.fused_linear_cross_entropy) ---------------------
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fk
-from helpers import (DTYPES, cdiv, error_lines, load_triton_src, misaligned,
+from helpers import (DTYPES, cdiv, error_lines, load_triton_src, misaligned, packed_same,
                      poison_cuda_cache, randn, ref_dequantize, ref_quantize, ref_quantize_rows,
                      same)
 
@@ -120,20 +120,12 @@ def test_interpreter_packed_path(dtype, form, pow2, shape):
     flag = {"both": 0, "cols": mod.FLAG_COLS}[form]
     _, tile_m, tile_k, _ = next(f for f in mod.FORMS if f[0] == flag)
     want_row = int(form == "both")
-    got = []
-    for packed in (0, 1):
-        q = torch.zeros(m, k, dtype=torch.float8_e4m3fn)
-        qt = torch.zeros(k, m, dtype=torch.float8_e4m3fn)
-        s = torch.full((cdiv(k, 128), m), -1.0)
-        st = torch.full((cdiv(m, 128), k), -1.0)
+
+    def launch(packed, q, s, qt, st):
         mod.fp8_quantize_kernel[(cdiv(m, tile_m), cdiv(k, tile_k))](
             x, q, s, qt, st, m, k, 0, want_row, 1, int(pow2), TILE_M=tile_m, TILE_K=tile_k,
             PACKED=packed)
-        got.append([q.view(torch.uint8), s.view(torch.int32), qt.view(torch.uint8),
-                    st.view(torch.int32)])  # bit patterns: NaN scales compare equal
-    for a, b in zip(*got):
-        assert torch.equal(a, b)
-    assert (got[1][1] == torch.tensor(-1.0).view(torch.int32)).all() != bool(want_row)
+    packed_same(launch, m, k, want_row)
 
 
 def test_variants_cover_every_dtype():

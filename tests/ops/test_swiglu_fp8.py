@@ -14,8 +14,8 @@ import torch
 
 import fk
 from helpers import (DTYPES, assert_close, assert_quantized_near, cdiv, error_lines,
-                     load_triton_src, misaligned, poison_cuda_cache, randn, ref_grads,
-                     ref_quantize_rows, ref_swiglu, round_toward_zero, same)
+                     load_triton_src, misaligned, packed_same, poison_cuda_cache, randn,
+                     ref_grads, ref_quantize_rows, ref_swiglu, round_toward_zero, same)
 
 FP8 = torch.float8_e4m3fn
 LAYOUTS = ["rowwise", "columnwise", "both"]
@@ -230,23 +230,6 @@ def test_interpreter_dx_quantized(dtype, m, n):
         assert_close(dp, dp0, torch.float32, what="dp")
 
 
-def _packed_same(launch, m, k, want_row):
-    """Runs ``launch(packed, q, s, qt, st)`` with PACKED 0 and 1 (float8 outputs of an (m, k)
-    matrix) and checks that both write the same bytes and scales; returns the other outputs
-    ``launch`` gave back, per run."""
-    got, extra = [], []
-    for packed in (0, 1):
-        q, qt = torch.zeros(m, k, dtype=FP8), torch.zeros(k, m, dtype=FP8)
-        s, st = torch.full((cdiv(k, 128), m), -1.0), torch.full((cdiv(m, 128), k), -1.0)
-        extra.append(launch(packed, q, s, qt, st))
-        got.append([q.view(torch.uint8), s.view(torch.int32), qt.view(torch.uint8),
-                    st.view(torch.int32)])  # bit patterns: NaN scales compare equal
-    for a, b in zip(*got):
-        assert torch.equal(a, b)
-    assert (got[1][1] == torch.tensor(-1.0).view(torch.int32)).all() != bool(want_row)
-    return extra
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", ["both", "columnwise"])
 @pytest.mark.parametrize("shape,with_probs", [((256, 192), False), ((144, 128), True),
@@ -273,7 +256,7 @@ def test_interpreter_packed_path(dtype, layout, shape, with_probs):
                 x, probs, x, q, s, qt, st, h, m, n, 0, int(with_probs), want_row, 1, 1, pow2,
                 TILE_M=128, TILE_N=128, E_BLOCK=16, PACKED=packed)
             return h
-        h0, h1 = _packed_same(launch, m, n, want_row)
+        h0, h1 = packed_same(launch, m, n, want_row)
         torch.testing.assert_close(h0, h1, rtol=0, atol=0, equal_nan=True)
 
 
