@@ -10,9 +10,14 @@ calls ``variants(arch)``, compiles each variant with ``triton.compile`` for an e
   fk_kernels_table.cpp      the table csrc/runtime reads: family, dtype, block, flags,
                             arch, entry name, launch metadata, constexpr values, image
 
+Unless ``--line-info``, ptxas is told to leave out the cubins' debug sections (the line tables
+and the PTX text Triton's line info puts there, about half of each cubin). The PTX does not
+change, and neither does the SASS (benchmarks/NOTES.md v19).
+
 Compiled cubins are cached by a hash of (op source, _common source, variant, arch, Triton
-version, ptxas version) in ``--cache`` so a rebuild compiles only what changed. Work runs in
-parallel processes. A failure stops the build with the kernel, variant and arch named.
+version, ptxas version, line info) in ``--cache`` so a rebuild compiles only what changed.
+Work runs in parallel processes. A failure stops the build with the kernel, variant and arch
+named.
 
 The Triton is whichever ``import triton`` finds: the build puts the pinned one
 (requirements-triton.txt, CMake's FK_TRITON_VERSION / FK_TRITON_PATH) first on PYTHONPATH.
@@ -83,6 +88,23 @@ def _cache_key(src_dir: Path, op: str, record: dict, arch: int, toolchain: str) 
     return h.hexdigest()[:32]
 
 
+# With Triton's line info on (its default), the PTX carries line tables; ptxas given
+# -suppress-debug-info after Triton's -lineinfo assembles the same PTX into the same machine code
+# without writing those tables and the PTX text into the cubin (benchmarks/NOTES.md v19).
+PTXAS_NO_DEBUG_INFO = "-suppress-debug-info"
+
+
+def _without_line_info(k, target, options: dict) -> bytes:
+    """``k``'s cubin assembled again from its PTX by Triton's own ptxas step, told to leave out
+    the debug sections. Triton's cache keys on the options, so compiling with the ptxas option
+    from the start would miss it for every kernel; assembling again takes ptxas alone."""
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    backend = CUDABackend(target)
+    opt = backend.parse_options({**options, "ptx_options": PTXAS_NO_DEBUG_INFO})
+    return backend.make_cubin(k.asm["ptx"], {}, opt, target.arch)
+
+
 def _compile_one(job: dict) -> dict:
     """Runs in a worker process: compile one variant for one arch, write cubin + meta."""
     import triton
@@ -105,7 +127,9 @@ def _compile_one(job: dict) -> dict:
     if rec["cluster"] != 1 and (arch < 90 or not 1 <= rec["cluster"] <= 8):
         raise RuntimeError(f"a cluster of {rec['cluster']} programs needs sm_90 or newer and "
                            "at most 8 programs")
-    k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    target = GPUTarget("cuda", arch, 32)
+    k = triton.compile(src, target=target, options=options)
+    cubin = k.asm["cubin"] if job["line_info"] else _without_line_info(k, target, options)
     md = k.metadata
     if md.num_ctas != 1 and rec["cluster"] != 1:
         raise RuntimeError("a variant with a launch cluster must compile to one CTA a program")
@@ -121,7 +145,7 @@ def _compile_one(job: dict) -> dict:
             "num_params": len(params),
             "params": params}
     tmp = cubin_path.with_suffix(".tmp")
-    tmp.write_bytes(k.asm["cubin"])
+    tmp.write_bytes(cubin)
     os.replace(tmp, cubin_path)
     meta_path.write_text(json.dumps(meta))
     return meta
@@ -141,6 +165,8 @@ def main() -> int:
     ap.add_argument("--archs", required=True, help="semicolon-separated archs, e.g. 80;90")
     ap.add_argument("--cache", type=Path, default=None, help="cubin cache directory")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--line-info", action="store_true",
+                    help="keep the cubins' line tables and PTX text (Nsight Compute's source view)")
     ap.add_argument("--describe", action="store_true",
                     help="print the Triton and ptxas versions for --archs and exit")
     ap.add_argument("--src", type=Path, help="triton_src directory")
@@ -176,9 +202,11 @@ def main() -> int:
                 if ident in seen:
                     raise SystemExit(f"fk AOT: duplicate variant {v.key()} for sm_{arch} in {op}")
                 seen.add(ident)
+                debug = "line info" if args.line_info else PTXAS_NO_DEBUG_INFO
                 key = _cache_key(src_dir, op, rec, arch,
-                                 f"{triton.__version__}|{ptxas[arch]}")
+                                 f"{triton.__version__}|{ptxas[arch]}|{debug}")
                 jobs.append({"src_dir": str(src_dir), "op": op, "record": rec, "arch": arch,
+                             "line_info": args.line_info,
                              "variant": v.key(), "key": key,
                              "cubin": str(cache / f"{key}.cubin"),
                              "meta": str(cache / f"{key}.json")})

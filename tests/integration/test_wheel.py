@@ -179,7 +179,18 @@ def _gate(image: bytes):
     return next((first for name, first in ARCH_GATED.items() if name in image), None)
 
 
-def _check_cubins(lib: bytes, archs: list) -> Counter:
+# The sections ptxas writes for Triton's line info (sm_100 on: also their .nv.merc.* copies),
+# left out unless the build keeps them (FK_KERNEL_LINE_INFO; build info "with line info").
+LINE_INFO_SECTIONS = (".debug_line", ".nv_debug_line_sass", ".nv_debug_ptx_txt")
+
+
+def _line_info_of(build_info_text: str) -> bool:
+    """Whether the build keeps the cubins' line info: ``archs 80;90 with line info`` in
+    ``fk.build_info()``, ``kernel_line_info = True`` in ``_build_info.py``."""
+    return bool(re.search(r"with line info|^kernel_line_info = True", build_info_text, re.M))
+
+
+def _check_cubins(lib: bytes, archs: list, line_info: bool) -> Counter:
     section, cubins = embedded_cubins(lib)
     assert cubins, f"no CUDA ELF images in libfk.so's {section}"
     per_arch = Counter(sm for _, _, sm, _ in cubins)
@@ -188,6 +199,12 @@ def _check_cubins(lib: bytes, archs: list) -> Counter:
     _, sec_off, _ = _elf64_sections(lib)[section]
     gated = Counter()  # (arch, first arch of its gate) -> images
     for off, size, sm, _ in cubins:
+        names = _elf64_sections(lib, sec_off + off)
+        debug = sorted(n for n in names if n.removeprefix(".nv.merc") in LINE_INFO_SECTIONS)
+        if line_info:
+            assert debug, f"the sm_{sm} cubin at {section}+{off:#x} has no line info"
+        else:
+            assert not debug, f"the sm_{sm} cubin at {section}+{off:#x} carries {debug}"
         first = _gate(lib[sec_off + off:sec_off + off + size])
         if first is not None:
             assert sm >= first, f"a kernel that needs sm_{first} was built for sm_{sm}"
@@ -207,8 +224,8 @@ def _check_cubins(lib: bytes, archs: list) -> Counter:
 
 @pytest.mark.slow
 def test_wheel_cubins_per_arch(wheel):
-    archs = _archs_of(wheel.read("fk/_build_info.py").decode())
-    per_arch = _check_cubins(wheel.read("fk/lib/libfk.so"), archs)
+    info = wheel.read("fk/_build_info.py").decode()
+    per_arch = _check_cubins(wheel.read("fk/lib/libfk.so"), _archs_of(info), _line_info_of(info))
     print(f"cubins per arch: {dict(per_arch)}")
 
 
@@ -217,9 +234,9 @@ def test_installed_cubins_per_arch():
 
     import fk
 
-    archs = _archs_of(torch.ops.fk._build_info())
+    info = torch.ops.fk._build_info()
     lib = Path(os.environ.get("FK_LIBRARY") or Path(fk.__file__).parent / "lib" / "libfk.so")
-    _check_cubins(lib.read_bytes(), archs)
+    _check_cubins(lib.read_bytes(), _archs_of(info), _line_info_of(info))
 
 
 def _pinned_triton() -> str:
