@@ -146,12 +146,13 @@ def main():
     # dw / db reduction of the best backward's partials
     dwdb = torch.empty(2, n, device=DEVICE, dtype=dt)
     red_best = None
-    for bp, bn in ((32, 64), (16, 128), (64, 32), (32, 32), (8, 256)):
+    for bp, bn, warps in ((32, 32, 4), (32, 64, 4), (64, 32, 4), (64, 64, 8), (128, 32, 8),
+                          (256, 16, 8), (256, 32, 8), (512, 16, 8)):
         ms = bench(lambda: K.layer_norm_dwdb_kernel[(triton.cdiv(n, bn), 2)](
-            part, dwdb[0], dwdb[1], part.shape[1], n, BLOCK_P=bp, BLOCK_N=bn, num_warps=4))
-        print(f"dw+db reduce of {part.shape[1]} partial rows BLOCK_P={bp} BLOCK_N={bn}: "
-              f"{ms * 1e3:6.1f} us", flush=True)
-        red_best = better(red_best, ms, f"BLOCK_P={bp} BLOCK_N={bn}")
+            part, dwdb[0], dwdb[1], part.shape[1], n, BLOCK_P=bp, BLOCK_N=bn, num_warps=warps))
+        print(f"dw+db reduce of {part.shape[1]} partial rows BLOCK_P={bp} BLOCK_N={bn} "
+              f"warps={warps}: {ms * 1e3:6.1f} us", flush=True)
+        red_best = better(red_best, ms, f"BLOCK_P={bp} BLOCK_N={bn} warps={warps}")
     print(f"\nbest forward:  {fwd_best[0] * 1e3:.1f} us ({fwd_best[1]})")
     print(f"best backward: {bwd_best[0] * 1e3:.1f} us ({bwd_best[1]})")
     print(f"best reduce:   {red_best[0] * 1e3:.1f} us ({red_best[1]})")

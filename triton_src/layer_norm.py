@@ -240,7 +240,9 @@ _BWD_ARGS = ("dy_ptr", "x_ptr", "w_ptr", "mean_ptr", "rstd_ptr", "dx_ptr", "dw_p
              "dy_stride", "x_stride", "dx_stride", "M", "N", "rows_per_program", "has_w",
              "need_dx", "need_dw", "need_db")
 _DWDB_ARGS = ("partial_ptr", "dw_ptr", "db_ptr", "P", "N")
-_DWDB_BLOCK = (32, 32)  # (rows, columns) per step of the dw / db reduction (sm_90 sweep)
+# (rows, columns, warps) per step of the dw / db reduction: latency-bound steps, so many rows
+# of a narrow column block, as rms_norm's (benchmarks/NOTES.md v18, v19).
+_DWDB_BLOCK = (256, 16, 8)
 _TYPES = {"mean_ptr": "*fp32", "rstd_ptr": "*fp32", "partial_ptr": "*fp32", "P": "i32",
           "eps": "fp32", "x_stride": "i64", "y_stride": "i64", "dy_stride": "i64",
           "dx_stride": "i64", "M": "i64", "N": "i32", "rows_per_program": "i64", "has_w": "i32",
@@ -282,5 +284,5 @@ def variants(arch: int) -> list:
         out.append(Variant(family="layer_norm_dwdb", kernel="layer_norm_dwdb_kernel", dtype=dt,
                            block=_DWDB_BLOCK[1], signature=sig,
                            constexprs={"BLOCK_P": _DWDB_BLOCK[0], "BLOCK_N": _DWDB_BLOCK[1]},
-                           num_warps=4))
+                           num_warps=_DWDB_BLOCK[2]))
     return out
