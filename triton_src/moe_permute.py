@@ -267,8 +267,13 @@ _MOVE_KERNELS = {
                              ("y_ptr", "row_map_ptr", "w_ptr", "out_ptr", "gpp_ptr", "dp_ptr",
                               "T", "H", "E", "N", "has_w", "want_gpp"), {}),
 }
-# Columns of the hidden dim per step: KB x BLOCK_H elements per program step.
-BLOCK_H = {"fp32": 256, "bf16": 512, "fp16": 512}
+# Columns of the hidden dim per step: KB x BLOCK_H elements per program step (512 bytes of a
+# row), at MOVE_WARPS warps. One token a program, one warp: the fastest in
+# benchmarks/tune_moe_permute.py on the H100 (8192 x 2048 bf16, top 8 of 256; against the
+# 512 columns at 4 warps before): the gather 255 -> 124 us, the scatter 156 -> 136, the
+# scatter with the dot (moe_unpermute's backward) 286 -> 229 (benchmarks/NOTES.md v19).
+BLOCK_H = {"fp32": 128, "bf16": 256, "fp16": 256}
+MOVE_WARPS = 1
 
 
 def variants(arch: int) -> list:
@@ -293,7 +298,8 @@ def variants(arch: int) -> list:
                 # FLAG_ALIGNED: H a multiple of 16 and the token tensors 16-byte aligned, so
                 # that every row starts 16-byte aligned (16-byte loads and stores)
                 out.append(Variant(family=family, kernel=kernel, dtype=dt, block=BLOCK_H[dt],
-                                   signature=sig, constexprs=cxs, num_warps=4, flags=flags,
+                                   signature=sig, constexprs=cxs, num_warps=MOVE_WARPS,
+                                   flags=flags,
                                    divisible_by_16=aligned_args(
                                        {a: sig[a] for a in _DATA_ARGS if a in sig}, flags,
                                        ("H",))))

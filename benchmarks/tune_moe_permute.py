@@ -1,0 +1,114 @@
+"""Sweep the data kernels of moe_permute / moe_unpermute with Triton's JIT (tuning only; the
+library uses the AOT variants in triton_src/moe_permute.py): BLOCK_H (hidden columns per
+step) and warps of the scatter kernel (moe_permute's forward: each token's row written to
+its expert rows, the probs alongside; with the dot, moe_unpermute's backward) and of the
+gather kernel (moe_unpermute's forward:
+each token's rows summed, weighted by the probs; also moe_permute's backward). Prints the
+median time and the fraction of the measured copy bandwidth of the bytes each must move.
+
+    python benchmarks/tune_moe_permute.py [--tokens 8192] [--hidden 2048] [--experts 256]
+        [--topk 8]
+    TRITON_INTERPRET=1 python benchmarks/tune_moe_permute.py --device cpu --tokens 40 \
+        --hidden 96 --experts 16 --topk 4 --quick
+
+The row map comes from fk.moe_permute (the installed library), so each configuration runs on
+the library's own layout; every output is checked against the library's before it is timed.
+"""
+import argparse
+
+import torch
+import triton
+
+import _tune as T
+import moe_permute as K  # noqa: E402 (triton_src on the path through _tune)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--experts", type=int, default=256)
+    ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--pad-to", type=int, default=16)
+    T.add_device_args(ap)
+    args = ap.parse_args()
+    T.setup(args.device)
+    import fk
+
+    t, h, e, k, dev = args.tokens, args.hidden, args.experts, args.topk, T.DEVICE
+    dt = torch.bfloat16
+    torch.manual_seed(0)
+    idx = torch.randn(t, e, device=dev).topk(k, dim=1).indices
+    rmap = torch.zeros(t, e, dtype=torch.bool, device=dev)
+    rmap.scatter_(1, idx, True)
+    probs = torch.softmax(torch.randn(t, e, device=dev), dim=1)
+    x = torch.randn(t, h, device=dev, dtype=dt)
+    permuted, pperm, row_map, _ = fk.moe_permute(x, rmap, probs, pad_to=args.pad_to, topk=k)
+    n = permuted.shape[0]
+    src = torch.full((n,), -1, dtype=torch.int32, device=dev)
+    routed = row_map >= 0
+    src[row_map[routed].long()] = torch.arange(t, device=dev, dtype=torch.int32)[
+        :, None].expand(t, e)[routed]
+    want_unperm = fk.moe_unpermute(permuted, row_map, probs)
+    elem = x.element_size()
+    print(f"tokens {t}, hidden {h}, {e} experts top {k}, {n} permuted rows (pad_to "
+          f"{args.pad_to}), bf16; library KB {K.KB}, BE {K.BE}, BLOCK_H {K.BLOCK_H['bf16']}",
+          flush=True)
+
+    blocks = (512, 2048) if args.quick else (256, 512, 1024, 2048)
+    warps = (2, 4) if args.quick else (1, 2, 4, 8)
+
+    # scatter: read x (t x h), write the t * k routed rows and zero the padding rows
+    out = torch.empty_like(permuted)
+    pout = torch.empty_like(pperm)
+    scatter_bytes = (t + n) * h * elem
+    for bh in blocks:
+        for w in warps:
+            def run():
+                K.moe_permute_scatter_kernel[(t + triton.cdiv(n, K.ZR),)](
+                    x, row_map, probs, out, probs, pout, out, probs, src, t, h, e, n, 0, 1, 0,
+                    KB=K.KB, BE=K.BE, BLOCK_H=bh, ZR=K.ZR, num_warps=w)
+            out.fill_(float("nan"))
+            pout.fill_(float("nan"))
+            run()
+            T.check(f"scatter BLOCK_H={bh} warps={w}", [out, pout], [permuted, pperm], 0.0)
+            T.timed(f"scatter BLOCK_H={bh:5d} warps={w:2d}", run, scatter_bytes)
+
+    # scatter with the dot (moe_unpermute's backward): d permuted[row] = dy[t] * p[t, e] and
+    # d p[t, e] = dy[t] . permuted[row]: read dy, write the routed rows, read them in permuted
+    dy = torch.randn_like(x)
+    yp = permuted.detach().clone().requires_grad_()
+    pr = probs.detach().clone().requires_grad_()
+    fk.moe_unpermute(yp, row_map, pr).backward(dy)
+    dperm, dprobs = torch.empty_like(permuted), torch.empty_like(probs)
+    dot_bytes = (t + n + t * k) * h * elem
+    for bh in blocks:
+        for w in warps:
+            def run():
+                K.moe_permute_scatter_kernel[(t + triton.cdiv(n, K.ZR),)](
+                    dy, row_map, probs, dperm, probs, probs, permuted, dprobs, src, t, h, e, n,
+                    1, 0, 1, KB=K.KB, BE=K.BE, BLOCK_H=bh, ZR=K.ZR, num_warps=w)
+            dperm.fill_(float("nan"))
+            dprobs.fill_(float("nan"))
+            run()
+            T.check(f"scatter+dot BLOCK_H={bh} warps={w}", [dperm, dprobs], [yp.grad, pr.grad],
+                    0.0, rtol=8e-3)
+            T.timed(f"scatter+dot BLOCK_H={bh:5d} warps={w:2d}", run, dot_bytes)
+
+    # gather: read the t * k routed rows, write t x h (probs-weighted fp32 sums)
+    un = torch.empty_like(x)
+    gather_bytes = (t * k + t) * h * elem
+    for bh in blocks:
+        for w in warps:
+            def run():
+                K.moe_unpermute_gather_kernel[(t,)](
+                    permuted, row_map, probs, un, probs, probs, t, h, e, n, 1, 0,
+                    KB=K.KB, BE=K.BE, BLOCK_H=bh, num_warps=w)
+            un.fill_(float("nan"))
+            run()
+            T.check(f"gather BLOCK_H={bh} warps={w}", un, want_unperm, 0.0, rtol=8e-3)
+            T.timed(f"gather  BLOCK_H={bh:5d} warps={w:2d}", run, gather_bytes)
+
+
+if __name__ == "__main__":
+    main()
