@@ -1,5 +1,6 @@
 """Helpers of the launch-configuration sweeps (tune_jsd.py, tune_group_norm.py, tune_dyt.py,
-tune_poly_norm.py, tune_rope.py, tune_qwen2vl_mrope.py, tune_gated_group_rms_norm.py): timing (GPU median, or one run under the Triton interpreter), the
+tune_poly_norm.py, tune_rope.py, tune_qwen2vl_mrope.py, tune_gated_group_rms_norm.py,
+tune_moe_permute.py): timing (GPU median, or one run under the Triton interpreter), the
 measured copy bandwidth the times are read against, the closeness check each candidate
 kernel passes before it is timed, and a stand-in for cross_entropy's cluster exchange under
 the interpreter.
