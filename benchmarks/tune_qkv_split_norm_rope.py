@@ -32,6 +32,9 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--warps", default="1,2,4,8", help="comma-separated warp counts to sweep")
+    ap.add_argument("--bt", default="2,4,8,16,32", help="comma-separated tokens per tile")
+    ap.add_argument("--bh", default="1,2,4,8", help="comma-separated heads per tile")
     args = ap.parse_args()
     t, hq, hkv, d = args.tokens, args.heads, args.kv_heads, args.head_dim
     dt = torch.bfloat16
@@ -44,7 +47,7 @@ def main():
     grads = [torch.randn_like(o) for o in outs]
     dqkv = torch.empty_like(qkv)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    parts = [torch.empty(8 * sms, d, device="cuda") for _ in range(2)]
+    parts = [torch.empty(16 * sms, d, device="cuda") for _ in range(2)]
     half = d // 2
     hb = triton.next_power_of_2(half)
     mode = (K.GROUPED.value | K.TOKENS_SB.value | K.HAS_QW.value | K.HAS_KW.value)
@@ -53,19 +56,26 @@ def main():
     fwd_bytes = 2 * t * n * 2
     bwd_bytes = 3 * t * n * 2
     results = {"fwd": [], "bwd": []}
-    for bt, bh, warps in itertools.product((2, 4, 8, 16, 32), (1, 2, 4, 8), (2, 4, 8)):
+
+    def ints(text):
+        return [int(v) for v in text.split(",")]
+
+    for bt, bh, warps in itertools.product(ints(args.bt), ints(args.bh), ints(args.warps)):
         if bt * bh * hb > 16384:
             continue
         tiles = triton.cdiv(t, bt) * (triton.cdiv(hq, bh) + 2 * triton.cdiv(hkv, bh))
         ms = bench(lambda: K.qkv_split_norm_rope_fwd_kernel[(tiles,)](
             qkv, qw, kw, cos, sin, *outs, *common, HB=hb, BT=bt, BH=bh, num_warps=warps))
         results["fwd"].append((ms, bt, bh, warps, 0))
-        for per_sm in (1, 2, 4, 8):
+        print(f"fwd BT {bt:2d} BH {bh} warps {warps}: {ms * 1e3:8.1f} us", flush=True)
+        for per_sm in (1, 2, 4, 8, 16):
             progs = min(tiles, per_sm * sms)
             ms = bench(lambda: K.qkv_split_norm_rope_bwd_kernel[(progs,)](
                 *grads, qkv, qw, kw, cos, sin, dqkv, *parts, *common, HB=hb, BT=bt, BH=bh,
                 num_warps=warps))
             results["bwd"].append((ms, bt, bh, warps, per_sm))
+            print(f"bwd BT {bt:2d} BH {bh} warps {warps} programs/SM {per_sm:2d}: "
+                  f"{ms * 1e3:8.1f} us", flush=True)
     name = torch.cuda.get_device_name(0)
     for kind, nbytes in (("fwd", fwd_bytes), ("bwd", bwd_bytes)):
         print(f"{kind}: tokens {t}, heads {hq} + 2 x {hkv}, head_dim {d}, bf16, {name}")
