@@ -12,7 +12,9 @@ calls ``variants(arch)``, compiles each variant with ``triton.compile`` for an e
 
 Unless ``--line-info``, ptxas is told to leave out the cubins' debug sections (the line tables
 and the PTX text Triton's line info puts there, about half of each cubin). The PTX does not
-change, and neither does the SASS (benchmarks/NOTES.md v19).
+change, and neither does the machine code (benchmarks/NOTES.md v19: byte for byte for every
+sm_80 / sm_90 kernel; ptxas-blackwell varies from run to run for a few tensor-core kernels
+with or without the option).
 
 Compiled cubins are cached by a hash of (op source, _common source, variant, arch, Triton
 version, ptxas version, line info) in ``--cache`` so a rebuild compiles only what changed.
