@@ -58,21 +58,25 @@ def main():
     blocks = (512, 2048) if args.quick else (256, 512, 1024, 2048)
     warps = (2, 4) if args.quick else (1, 2, 4, 8)
 
+    def sweep(name, launch, outs, wants, nbytes, rtol):
+        """Every (BLOCK_H, warps): outputs pre-filled with NaN, checked, then timed."""
+        for bh in blocks:
+            for w in warps:
+                def run():
+                    launch(bh, w)
+                for o in outs:
+                    o.fill_(float("nan"))
+                run()
+                T.check(f"{name} BLOCK_H={bh} warps={w}", outs, wants, 0.0, rtol=rtol)
+                T.timed(f"{name:11s} BLOCK_H={bh:5d} warps={w:2d}", run, nbytes)
+
     # scatter: read x (t x h), write the t * k routed rows and zero the padding rows
     out = torch.empty_like(permuted)
     pout = torch.empty_like(pperm)
-    scatter_bytes = (t + n) * h * elem
-    for bh in blocks:
-        for w in warps:
-            def run():
-                K.moe_permute_scatter_kernel[(t + triton.cdiv(n, K.ZR),)](
-                    x, row_map, probs, out, probs, pout, out, probs, src, t, h, e, n, 0, 1, 0,
-                    KB=K.KB, BE=K.BE, BLOCK_H=bh, ZR=K.ZR, num_warps=w)
-            out.fill_(float("nan"))
-            pout.fill_(float("nan"))
-            run()
-            T.check(f"scatter BLOCK_H={bh} warps={w}", [out, pout], [permuted, pperm], 0.0)
-            T.timed(f"scatter BLOCK_H={bh:5d} warps={w:2d}", run, scatter_bytes)
+    sweep("scatter", lambda bh, w: K.moe_permute_scatter_kernel[(t + triton.cdiv(n, K.ZR),)](
+        x, row_map, probs, out, probs, pout, out, probs, src, t, h, e, n, 0, 1, 0,
+        KB=K.KB, BE=K.BE, BLOCK_H=bh, ZR=K.ZR, num_warps=w),
+        [out, pout], [permuted, pperm], (t + n) * h * elem, 0.0)
 
     # scatter with the dot (moe_unpermute's backward): d permuted[row] = dy[t] * p[t, e] and
     # d p[t, e] = dy[t] . permuted[row]: read dy, write the routed rows, read them in permuted
@@ -81,34 +85,18 @@ def main():
     pr = probs.detach().clone().requires_grad_()
     fk.moe_unpermute(yp, row_map, pr).backward(dy)
     dperm, dprobs = torch.empty_like(permuted), torch.empty_like(probs)
-    dot_bytes = (t + n + t * k) * h * elem
-    for bh in blocks:
-        for w in warps:
-            def run():
-                K.moe_permute_scatter_kernel[(t + triton.cdiv(n, K.ZR),)](
-                    dy, row_map, probs, dperm, probs, probs, permuted, dprobs, src, t, h, e, n,
-                    1, 0, 1, KB=K.KB, BE=K.BE, BLOCK_H=bh, ZR=K.ZR, num_warps=w)
-            dperm.fill_(float("nan"))
-            dprobs.fill_(float("nan"))
-            run()
-            T.check(f"scatter+dot BLOCK_H={bh} warps={w}", [dperm, dprobs], [yp.grad, pr.grad],
-                    0.0, rtol=8e-3)
-            T.timed(f"scatter+dot BLOCK_H={bh:5d} warps={w:2d}", run, dot_bytes)
+    sweep("scatter+dot", lambda bh, w: K.moe_permute_scatter_kernel[
+        (t + triton.cdiv(n, K.ZR),)](
+        dy, row_map, probs, dperm, probs, probs, permuted, dprobs, src, t, h, e, n, 1, 0, 1,
+        KB=K.KB, BE=K.BE, BLOCK_H=bh, ZR=K.ZR, num_warps=w),
+        [dperm, dprobs], [yp.grad, pr.grad], (t + n + t * k) * h * elem, 8e-3)
 
     # gather: read the t * k routed rows, write t x h (probs-weighted fp32 sums)
     un = torch.empty_like(x)
-    gather_bytes = (t * k + t) * h * elem
-    for bh in blocks:
-        for w in warps:
-            def run():
-                K.moe_unpermute_gather_kernel[(t,)](
-                    permuted, row_map, probs, un, probs, probs, t, h, e, n, 1, 0,
-                    KB=K.KB, BE=K.BE, BLOCK_H=bh, num_warps=w)
-            un.fill_(float("nan"))
-            run()
-            T.check(f"gather BLOCK_H={bh} warps={w}", un, want_unperm, 0.0, rtol=8e-3)
-            T.timed(f"gather  BLOCK_H={bh:5d} warps={w:2d}", run, gather_bytes)
-
+    sweep("gather", lambda bh, w: K.moe_unpermute_gather_kernel[(t,)](
+        permuted, row_map, probs, un, probs, probs, t, h, e, n, 1, 0,
+        KB=K.KB, BE=K.BE, BLOCK_H=bh, num_warps=w),
+        [un], [want_unperm], (t * k + t) * h * elem, 8e-3)
 
 if __name__ == "__main__":
     main()
