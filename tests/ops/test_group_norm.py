@@ -66,14 +66,16 @@ def _check_grads(x, w, b, groups, dy, got, dtype, pdt, eps=1e-6):
 # --- level 1: the Triton source under the interpreter ---------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape,groups,block_c,block_hw,which", [((3, 6, 5), 2, 2, 4, "wb"),
-                                                                  ((2, 4, 16), 1, 4, 16, ""),
-                                                                  ((3, 8), 2, 4, 1, "wb")])
-def test_interpreter(dtype, shape, groups, block_c, block_hw, which):
+@pytest.mark.parametrize("shape,groups,block_c,block_hw,which,programs", [
+    ((3, 6, 5), 2, 2, 4, "wb", 2), ((3, 6, 5), 2, 2, 4, "wb", 4), ((2, 4, 16), 1, 4, 16, "", 2),
+    ((3, 8), 2, 4, 1, "wb", 2), ((3, 8), 2, 4, 1, "wb", 6)])
+def test_interpreter(dtype, shape, groups, block_c, block_hw, which, programs):
+    """Programs own every programs-th group; their counts differ where programs does not
+    divide the groups (4 programs over 6), and a program of one group has no overlap."""
     mod = load_triton_src("group_norm")
     n, c = shape[:2]
     hw = shape[2] if len(shape) > 2 else 1
-    cg, eps, programs = c // groups, 1e-6, 2
+    cg, eps = c // groups, 1e-6
     x, dy = randn(*shape, dtype=dtype) + 3.0, randn(*shape, dtype=dtype)
     w, b = _params(c, torch.float32, which=which)
     stats = torch.full((n, groups), float("nan"))
@@ -108,6 +110,14 @@ def test_interpreter(dtype, shape, groups, block_c, block_hw, which):
                  factor=3, scale=s, what="dweight")
     assert_close(db, dy.double().reshape(n, c, -1).sum((0, 2)), torch.float32, factor=3,
                  scale=s, what="dbias")
+    # want_dx = 0: the same partial sums, dx never written.
+    skipped = torch.full_like(x, float("nan"))
+    partial2 = torch.full((2, n * c), float("nan"))
+    mod.group_norm_bwd_kernel[(programs,)](dy, x, wa, mean, rstd, skipped, partial2, n * groups,
+                                           groups, cg, hw, int(w is not None), 0,
+                                           BLOCK_C=block_c, BLOCK_HW=block_hw)
+    assert torch.isnan(skipped).all()
+    assert torch.equal(partial2, partial)
 
 
 # --- level 2: the CPU backend against the reference --------------------------------------
