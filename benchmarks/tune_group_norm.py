@@ -282,6 +282,12 @@ def library_tile(cg, hw):
     return best
 
 
+# (BLOCK_B, BLOCK_C, warps) of the dweight / dbias reduction, timed after the backward; the
+# first is the library's before v20.
+REDUCE_CONFIGS = ((16, 128, 4), (16, 16, 1), (32, 16, 1), (32, 32, 1), (32, 32, 2), (64, 16, 2),
+                  (32, 64, 2), (64, 32, 4), (16, 64, 1))
+
+
 def reference_backward(x, dy, w, groups, eps=1e-5):
     """(dx, dweight, dbias) of torch's group_norm in float64 (autograd), and the scales
     the checks read their absolute tolerances from: max |dx|, and per-channel sums of
@@ -366,10 +372,10 @@ def main():
             return lambda: K.group_norm_bwd_kernel[(progs,)](*args_, **kw)
         return lambda: group_norm_bwd_form_kernel[(progs,)](*args_, REVERSE=reverse, **kw)
 
-    def reduce(part=partial, rows=bsz):
+    def reduce(part=partial, rows=bsz, bb=K.REDUCE_B, bc=K.REDUCE_C, warps=K.REDUCE_WARPS):
         dw, db = torch.empty(c, device=dev), torch.empty(c, device=dev)
-        K.group_norm_reduce_kernel[(triton.cdiv(c, K.REDUCE_C),)](
-            part, dw, db, rows, c, 1, 1, BLOCK_B=K.REDUCE_B, BLOCK_C=K.REDUCE_C, num_warps=4)
+        K.group_norm_reduce_kernel[(triton.cdiv(c, bc),)](
+            part, dw, db, rows, c, 1, 1, BLOCK_B=bb, BLOCK_C=bc, num_warps=warps)
         return dw, db
 
     def bwd_cluster(cl, cl_hw, warps, clusters, stages=1):
@@ -449,6 +455,10 @@ def main():
         T.check(f"backward REVERSE={rev} dx", dx, dx_ref, atol=1e-6, rtol=2 ** -7)
     ref = reference_backward(x, dy, w, g)
     check_reference("backward library", dx_ref, g_ref, ref)
+    for bb, bc, warps in REDUCE_CONFIGS:  # the same fp32 sums, grouped differently
+        T.check(f"reduction BLOCK_B={bb} BLOCK_C={bc} warps={warps}",
+                reduce(bb=bb, bc=bc, warps=warps), g_ref,
+                atol=1e-6 * max(t.abs().max().item() for t in g_ref))
 
     def cluster_sweep():
         """The one-pass cluster form: x and dy read once (floor: bwd_bytes at the copy
@@ -551,6 +561,11 @@ def main():
     for rev in (0, 1):
         T.timed(f"bwd REVERSE={rev}", bwd(*t, p, reverse=rev), bwd_bytes)
     T.timed("dweight / dbias reduction", reduce, partial.numel() * 4)
+    for bb, bc, warps in REDUCE_CONFIGS:
+        T.timed(f"dweight / dbias reduction BLOCK_B={bb} BLOCK_C={bc} warps={warps} "
+                f"({triton.cdiv(c, bc)} programs)",
+                lambda a=(bb, bc, warps): reduce(bb=a[0], bc=a[1], warps=a[2]),
+                partial.numel() * 4)
     cluster_sweep()
 
 
