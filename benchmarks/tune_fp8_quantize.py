@@ -17,6 +17,14 @@ Forms:
     interleaved rows 4i + j; the column-wise copy's float8 bytes of rows 4i .. 4i + 3
     combined into one 32-bit word, so the transposed store moves a quarter as many
     elements) against its plain path: checked bit for bit, then timed over warps.
+  persistent (--persistent): the packed path in a persistent grid whose programs walk the
+    tiles row-major with a stride of the grid, each loading its next tile's four slabs
+    before it quantizes and stores the current one (PREFETCH=1; 0 loads each tile when
+    its turn comes), so that a tile's loads are in flight while the previous one is
+    quantized and transposed. Checked bit for bit against the library kernel (both copies
+    and the column-wise one), then timed over programs per multiprocessor and warps.
+    ``--device cpu`` under TRITON_INTERPRET=1 runs the checks only, at a small shape with
+    partial tiles.
 """
 import argparse
 import os
@@ -29,7 +37,52 @@ import triton.testing
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "triton_src"))
 import fp8_quantize as K  # noqa: E402
+from _common import fp8_store_packed  # noqa: E402
 from fp8_quantize import _quantize, _scale  # noqa: E402
+
+
+@triton.jit
+def _slabs(x_ptr, t, nkb, M, K, R: tl.constexpr, TILE_K: tl.constexpr):
+    """Tile t's four slabs (rows 4i + j) in x's dtype, 0 outside the matrix (a t past the
+    last tile reads nothing)."""
+    grp = (t // nkb).to(tl.int64) * R + tl.arange(0, R)
+    cols = (t % nkb).to(tl.int64) * TILE_K + tl.arange(0, TILE_K)
+    cmask = (cols < K)[None, :]
+    base = x_ptr + cols[None, :]
+    x0 = tl.load(base + (4 * grp)[:, None] * K, mask=(4 * grp < M)[:, None] & cmask, other=0.0)
+    x1 = tl.load(base + (4 * grp + 1)[:, None] * K, mask=(4 * grp + 1 < M)[:, None] & cmask,
+                 other=0.0)
+    x2 = tl.load(base + (4 * grp + 2)[:, None] * K, mask=(4 * grp + 2 < M)[:, None] & cmask,
+                 other=0.0)
+    x3 = tl.load(base + (4 * grp + 3)[:, None] * K, mask=(4 * grp + 3 < M)[:, None] & cmask,
+                 other=0.0)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def persistent_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, want_row, want_col,
+                             pow2, TILE_M: tl.constexpr, TILE_K: tl.constexpr,
+                             PREFETCH: tl.constexpr):
+    """The library's packed 1 x 128 path over a persistent grid (see the module docstring)."""
+    R: tl.constexpr = TILE_M // 4
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)
+    nkb = tl.cdiv(K, TILE_K)
+    ntiles = tl.cdiv(M, TILE_M) * nkb
+    x0, x1, x2, x3 = _slabs(x_ptr, pid, nkb, M, K, R, TILE_K)
+    for t in range(pid, ntiles, step):
+        if PREFETCH:
+            c0, c1, c2, c3 = x0, x1, x2, x3
+            x0, x1, x2, x3 = _slabs(x_ptr, t + step, nkb, M, K, R, TILE_K)
+        else:
+            c0, c1, c2, c3 = _slabs(x_ptr, t, nkb, M, K, R, TILE_K)
+        rb = t // nkb
+        cb = t % nkb
+        grp = rb.to(tl.int64) * R + tl.arange(0, R)
+        cols = cb.to(tl.int64) * TILE_K + tl.arange(0, TILE_K)
+        fp8_store_packed(c0.to(tl.float32), c1.to(tl.float32), c2.to(tl.float32),
+                         c3.to(tl.float32), grp, cols, M, K, rb, cb, q_ptr, s_ptr, qt_ptr,
+                         st_ptr, want_row, want_col, pow2)
 
 
 @triton.jit
@@ -141,8 +194,14 @@ def main():
     ap.add_argument("--cols", type=int, default=4096)
     ap.add_argument("--forms", action="store_true", help="the candidate forms only")
     ap.add_argument("--packed", action="store_true", help="the packed form and the AOT tiles")
+    ap.add_argument("--persistent", action="store_true",
+                    help="the packed path over a persistent grid, with and without prefetch")
+    ap.add_argument("--device", default="cuda",
+                    help="cpu (under TRITON_INTERPRET=1): the persistent form's checks only")
     args = ap.parse_args()
     m, k = args.rows, args.cols
+    if args.device != "cuda":
+        return persistent(None, 272, 200, None, None, cpu=True)
     big = torch.empty(1 << 29, device="cuda", dtype=torch.bfloat16)
     copy_ms = bench(lambda: big.clone())
     copy_bw = 2 * big.numel() * 2 / copy_ms / 1e9  # TB/s
@@ -182,6 +241,8 @@ def main():
     print(f"chunked form equal to the library's kernel: {same}")
     if args.packed:
         return packed(x, q, s, qt, st, m, k, traffic, report)
+    if args.persistent:
+        return persistent(x, m, k, traffic, report)
     if args.forms:
         for layout, row, col in (("both", 1, 1), ("rowwise", 1, 0), ("columnwise", 0, 1)):
             for trans in ((0,) if not col else (0, 1, 2)):
@@ -255,6 +316,61 @@ def packed(x, q, s, qt, st, m, k, traffic, report):
                                                         TILE_M=tm, TILE_K=tk, PACKED=pk,
                                                         num_warps=w),
                        traffic(row, 1))
+
+
+def persistent(x, m, k, traffic, report, cpu=False):
+    """The persistent packed form against the library kernel at each form's tile: equal
+    outputs (every byte, including the partial tiles of the CPU shape), then times."""
+    dev = "cpu" if cpu else "cuda"
+    if cpu:
+        torch.manual_seed(0)
+        x = (torch.randn(m, k) * 3).to(torch.bfloat16)
+        x[5, 7] = 0.0
+        x[16:20, :] = 0.0  # all-zero column-wise blocks' rows
+    f8 = torch.float8_e4m3fn
+    tiles = {flag: (tm, tk) for flag, tm, tk, _ in K.FORMS}
+    sms = 4 if cpu else torch.cuda.get_device_properties(0).multi_processor_count
+    for layout, row, flag in (("both", 1, 0), ("columnwise", 0, K.FLAG_COLS)):
+        tm, tk = tiles[flag]
+        ntiles = triton.cdiv(m, tm) * triton.cdiv(k, tk)
+
+        def bufs():
+            return [torch.full((m, k), 7, dtype=torch.uint8, device=dev).view(f8),
+                    torch.full((triton.cdiv(k, 128), m), 7.0, device=dev),
+                    torch.full((k, m), 7, dtype=torch.uint8, device=dev).view(f8),
+                    torch.full((triton.cdiv(m, 128), k), 7.0, device=dev)]
+
+        ref = bufs()
+        K.fp8_quantize_kernel[(triton.cdiv(m, tm), triton.cdiv(k, tk))](
+            x, *ref, m, k, 0, row, 1, 0, TILE_M=tm, TILE_K=tk, PACKED=1)
+        for pre in (0, 1):
+            for progs in ((3, ntiles) if cpu else (sms, 2 * sms, 3 * sms, 4 * sms)):
+                got = bufs()
+                persistent_packed_kernel[(progs,)](x, *got, m, k, row, 1, 0, TILE_M=tm,
+                                                   TILE_K=tk, PREFETCH=pre)
+                same = all(torch.equal(a.view(torch.uint8) if a.dtype == f8 else a,
+                                       b.view(torch.uint8) if b.dtype == f8 else b)
+                           for a, b in zip(ref, got))
+                print(f"{layout:10s} persistent PREFETCH={pre} {progs} programs equal to the "
+                      f"library: {same}", flush=True)
+                if not same:
+                    raise SystemExit("persistent form WRONG")
+        if cpu:
+            continue
+        q, s, qt, st = bufs()
+        g = (triton.cdiv(m, tm), triton.cdiv(k, tk))
+        report(f"{layout:10s} library TILE={tm}x{tk} packed",
+               lambda: K.fp8_quantize_kernel[g](x, q, s, qt, st, m, k, 0, row, 1, 0, TILE_M=tm,
+                                                TILE_K=tk, PACKED=1,
+                                                num_warps=K.PACKED_WARPS[flag]),
+               traffic(row, 1))
+        for pre in (1, 0):
+            for per_sm in (1, 2, 3, 4, 6):
+                for w in (2, 4, 8, 16):
+                    report(f"{layout:10s} persistent PREFETCH={pre} {per_sm}/SM warps={w:2d}",
+                           lambda: persistent_packed_kernel[(per_sm * sms,)](
+                               x, q, s, qt, st, m, k, row, 1, 0, TILE_M=tm, TILE_K=tk,
+                               PREFETCH=pre, num_warps=w), traffic(row, 1))
 
 
 if __name__ == "__main__":
