@@ -5,8 +5,15 @@ forward over tiles of BT tokens x BH heads and warps, and the backward over the 
 persistent programs per multiprocessor, so the best ones can be written into
 triton_src/qkv_split_norm_rope.py (FWD_TILES, BWD_TILES) and the CUDA dispatch as data.
 
+--early: a form of the forward (fwd_early_kernel) that issues a q / k tile's cos / sin loads
+(L2-resident: every head of a token reuses them) before the loads of its rows, so that the
+two are in flight together instead of one after the other (the library loads cos / sin after
+the row's RMSNorm statistics). Checked equal to the library kernel, then timed next to it
+over a few tiles. ``--device cpu`` under TRITON_INTERPRET=1 runs the check only, at a small
+shape.
+
     python benchmarks/tune_qkv_split_norm_rope.py [--tokens 8192] [--heads 32] [--kv-heads 4]
-                                                  [--head-dim 128] [--top 8]
+                                                  [--head-dim 128] [--top 8] [--early]
 """
 import argparse
 import itertools
@@ -15,10 +22,69 @@ import sys
 
 import torch
 import triton
+import triton.language as tl
 import triton.testing
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "triton_src"))
 import qkv_split_norm_rope as K  # noqa: E402
+
+
+@triton.jit
+def fwd_early_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, vo_ptr, in_sb,
+                     in_ss, cos_sb, cos_ss, B, S, Hq, Hkv, D, half, c2_off, mode, eps,
+                     HB: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
+    """The library's forward with cos / sin loaded first in the q / k path."""
+    dtype = qo_ptr.dtype.element_ty
+    kind, in_rows, out_rows, mask, b, s, tmask = K._tile(tl.program_id(0), B, S, Hq, Hkv, D,
+                                                         in_sb, in_ss, mode, BT, BH)
+    out_ptr = tl.where(kind == 0, qo_ptr, tl.where(kind == 1, ko_ptr, vo_ptr))
+    if kind == 2:
+        K._copy_rows(qkv_ptr, in_rows, out_ptr, out_rows, mask, D, HB)
+    else:
+        c1, c2, s1, s2 = K._cos_sin(cos_ptr, sin_ptr, b, s, cos_sb, cos_ss, half, c2_off,
+                                    tmask, HB)
+        rot = 2 * half
+        w_ptr = tl.where(kind == 0, qw_ptr, kw_ptr)
+        do_norm = tl.where(kind == 0, mode & K.HAS_QW, mode & K.HAS_KW)
+        _p1, m1, x1 = K._chunk(qkv_ptr, in_rows, mask, 0, half, HB)
+        _p2, m2, x2 = K._chunk(qkv_ptr, in_rows + half, mask, 0, half, HB)
+        rstd = tl.zeros((BT, BH), dtype=tl.float32)
+        if do_norm != 0:
+            ss = tl.sum(x1 * x1 + x2 * x2, axis=2)
+            for c0 in range(rot, D, HB):
+                _p, _m, x = K._chunk(qkv_ptr, in_rows, mask, c0, D, HB)
+                ss += tl.sum(x * x, axis=2)
+            rstd = 1.0 / tl.sqrt(ss / D + eps)
+        rstd = rstd[:, :, None]
+        n1 = K._normed(x1, rstd, w_ptr, 0, half, do_norm, dtype, HB)
+        n2 = K._normed(x2, rstd, w_ptr + half, 0, half, do_norm, dtype, HB)
+        o1 = n1 * c1 - n2 * s1
+        o2 = n2 * c2 + n1 * s2
+        cols = tl.arange(0, HB)[None, None, :]
+        tl.store(out_ptr + out_rows[:, :, None] + cols, o1.to(dtype), mask=m1)
+        tl.store(out_ptr + out_rows[:, :, None] + half + cols, o2.to(dtype), mask=m2)
+        for c0 in range(rot, D, HB):
+            _p, m, x = K._chunk(qkv_ptr, in_rows, mask, c0, D, HB)
+            n = K._normed(x, rstd, w_ptr, c0, D, do_norm, dtype, HB)
+            tl.store(out_ptr + out_rows[:, :, None] + c0 + cols, n.to(dtype), mask=m)
+
+
+def check_early(qkv, qw, kw, cos, sin, outs, common, hb, tiles_of, shapes):
+    """fwd_early_kernel's q, k, v equal to the library kernel's at each (BT, BH, warps)."""
+    for bt, bh, warps in shapes:
+        got = [torch.full_like(o, float("nan")) for o in outs]
+        ref = [torch.full_like(o, float("nan")) for o in outs]
+        grid = (tiles_of(bt, bh),)
+        K.qkv_split_norm_rope_fwd_kernel[grid](qkv, qw, kw, cos, sin, *ref, *common, HB=hb,
+                                                BT=bt, BH=bh, num_warps=warps)
+        fwd_early_kernel[grid](qkv, qw, kw, cos, sin, *got, *common, HB=hb, BT=bt, BH=bh,
+                               num_warps=warps)
+        same = all(torch.equal(a, b) for a, b in zip(ref, got))
+        written = not any(torch.isnan(r).any().item() for r in ref)
+        print(f"early form BT {bt} BH {bh} warps {warps} equal to the library: {same} "
+              f"(every element written: {written})", flush=True)
+        if not (same and written):
+            raise SystemExit("early form WRONG")
 
 
 def bench(fn):
@@ -35,24 +101,51 @@ def main():
     ap.add_argument("--warps", default="1,2,4,8", help="comma-separated warp counts to sweep")
     ap.add_argument("--bt", default="2,4,8,16,32", help="comma-separated tokens per tile")
     ap.add_argument("--bh", default="1,2,4,8", help="comma-separated heads per tile")
+    ap.add_argument("--early", action="store_true",
+                    help="only the forward with cos / sin loaded first, against the library's")
+    ap.add_argument("--device", default="cuda",
+                    help="cpu (under TRITON_INTERPRET=1): the early form's check only")
     args = ap.parse_args()
+    dev = args.device
+    if dev != "cuda":  # a small shape with partial token and head tiles
+        args.tokens, args.heads, args.kv_heads, args.head_dim = 21, 6, 2, 16
     t, hq, hkv, d = args.tokens, args.heads, args.kv_heads, args.head_dim
     dt = torch.bfloat16
     n = (hq + 2 * hkv) * d
-    qkv = torch.randn(t, 1, n, device="cuda", dtype=dt)
-    qw = torch.rand(d, device="cuda", dtype=dt) + 0.5
-    kw = torch.rand(d, device="cuda", dtype=dt) + 0.5
-    cos, sin = torch.randn(t, d, device="cuda", dtype=dt), torch.randn(t, d, device="cuda", dtype=dt)
-    outs = [torch.empty(1, t, h, d, device="cuda", dtype=dt) for h in (hq, hkv, hkv)]
-    grads = [torch.randn_like(o) for o in outs]
-    dqkv = torch.empty_like(qkv)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    parts = [torch.empty(16 * sms, d, device="cuda") for _ in range(2)]
+    qkv = torch.randn(t, 1, n, device=dev, dtype=dt)
+    qw = torch.rand(d, device=dev, dtype=dt) + 0.5
+    kw = torch.rand(d, device=dev, dtype=dt) + 0.5
+    cos, sin = torch.randn(t, d, device=dev, dtype=dt), torch.randn(t, d, device=dev, dtype=dt)
+    outs = [torch.empty(1, t, h, d, device=dev, dtype=dt) for h in (hq, hkv, hkv)]
     half = d // 2
     hb = triton.next_power_of_2(half)
     mode = (K.GROUPED.value | K.TOKENS_SB.value | K.HAS_QW.value | K.HAS_KW.value)
     common = (qkv.stride(1), qkv.stride(0), 0, cos.stride(0), 1, t, hq, hkv, d, half, half,
               mode, 1e-6)
+
+    def tiles_of(bt, bh):
+        return triton.cdiv(t, bt) * (triton.cdiv(hq, bh) + 2 * triton.cdiv(hkv, bh))
+
+    if dev != "cuda":
+        check_early(qkv, qw, kw, cos, sin, outs, common, hb, tiles_of,
+                    ((16, 2, 4), (8, 1, 1), (4, 4, 2)))
+        return
+    if args.early:
+        shapes = ((16, 2, 4), (8, 1, 1), (16, 1, 4), (8, 2, 2), (32, 2, 8), (16, 4, 4))
+        check_early(qkv, qw, kw, cos, sin, outs, common, hb, tiles_of, shapes)
+        for bt, bh, warps in shapes:
+            for name, kern in (("library", K.qkv_split_norm_rope_fwd_kernel),
+                               ("early", fwd_early_kernel)):
+                ms = bench(lambda: kern[(tiles_of(bt, bh),)](
+                    qkv, qw, kw, cos, sin, *outs, *common, HB=hb, BT=bt, BH=bh,
+                    num_warps=warps))
+                print(f"fwd {name:7s} BT {bt:2d} BH {bh} warps {warps}: {ms * 1e3:8.1f} us",
+                      flush=True)
+        return
+    grads = [torch.randn_like(o) for o in outs]
+    dqkv = torch.empty_like(qkv)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    parts = [torch.empty(16 * sms, d, device="cuda") for _ in range(2)]
     fwd_bytes = 2 * t * n * 2
     bwd_bytes = 3 * t * n * 2
     results = {"fwd": [], "bwd": []}
@@ -63,7 +156,7 @@ def main():
     for bt, bh, warps in itertools.product(ints(args.bt), ints(args.bh), ints(args.warps)):
         if bt * bh * hb > 16384:
             continue
-        tiles = triton.cdiv(t, bt) * (triton.cdiv(hq, bh) + 2 * triton.cdiv(hkv, bh))
+        tiles = tiles_of(bt, bh)
         ms = bench(lambda: K.qkv_split_norm_rope_fwd_kernel[(tiles,)](
             qkv, qw, kw, cos, sin, *outs, *common, HB=hb, BT=bt, BH=bh, num_warps=warps))
         results["fwd"].append((ms, bt, bh, warps, 0))
