@@ -5,11 +5,13 @@ forward over tiles of BT tokens x BH heads and warps, and the backward over the 
 persistent programs per multiprocessor, so the best ones can be written into
 triton_src/qkv_split_norm_rope.py (FWD_TILES, BWD_TILES) and the CUDA dispatch as data.
 
---early: a form of the forward (fwd_early_kernel) that issues a q / k tile's cos / sin loads
+--early: two forms of the forward. fwd_early_kernel issues a q / k tile's cos / sin loads
 (L2-resident: every head of a token reuses them) before the loads of its rows, so that the
 two are in flight together instead of one after the other (the library loads cos / sin after
-the row's RMSNorm statistics). Checked equal to the library kernel, then timed next to it
-over a few tiles. ``--device cpu`` under TRITON_INTERPRET=1 runs the check only, at a small
+the row's RMSNorm statistics). fwd_persistent_kernel also runs a persistent grid whose
+programs load their next tile's rows before handling the current one. Checked equal to the
+library kernel, then timed next to it over a few tiles (the persistent one at 2-16 programs
+a multiprocessor). ``--device cpu`` under TRITON_INTERPRET=1 runs the checks only, at a small
 shape.
 
     python benchmarks/tune_qkv_split_norm_rope.py [--tokens 8192] [--heads 32] [--kv-heads 4]
@@ -69,22 +71,94 @@ def fwd_early_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, 
             tl.store(out_ptr + out_rows[:, :, None] + c0 + cols, n.to(dtype), mask=m)
 
 
-def check_early(qkv, qw, kw, cos, sin, outs, common, hb, tiles_of, shapes):
-    """fwd_early_kernel's q, k, v equal to the library kernel's at each (BT, BH, warps)."""
+@triton.jit
+def _ahead(qkv_ptr, tile, ntiles, B, S, Hq, Hkv, D, in_sb, in_ss, half, mode,
+           HB: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
+    """Tile ``tile``'s first two half-width chunks of its rows in fp32 (0 past the last tile:
+    no memory is read then)."""
+    _kind, in_rows, _o, mask, _b, _s, _t = K._tile(tile, B, S, Hq, Hkv, D, in_sb, in_ss, mode,
+                                                   BT, BH)
+    mask = mask & (tile < ntiles)
+    _p1, _m1, x1 = K._chunk(qkv_ptr, in_rows, mask, 0, half, HB)
+    _p2, _m2, x2 = K._chunk(qkv_ptr, in_rows + half, mask, 0, half, HB)
+    return x1, x2
+
+
+@triton.jit
+def fwd_persistent_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, vo_ptr,
+                          in_sb, in_ss, cos_sb, cos_ss, B, S, Hq, Hkv, D, half, c2_off, mode,
+                          eps, HB: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
+    """The library's forward over a persistent grid, each program loading its next tile's
+    rotating halves (every kind's) before it handles the current tile; cos / sin first in the
+    q / k path. The same arithmetic; v rows go through fp32 (exact)."""
+    dtype = qo_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)
+    ntiles = tl.cdiv(B * S, BT) * (tl.cdiv(Hq, BH) + 2 * tl.cdiv(Hkv, BH))
+    n1, n2 = _ahead(qkv_ptr, pid, ntiles, B, S, Hq, Hkv, D, in_sb, in_ss, half, mode, HB, BT,
+                    BH)
+    cols = tl.arange(0, HB)[None, None, :]
+    for tile in range(pid, ntiles, step):
+        x1 = n1
+        x2 = n2
+        n1, n2 = _ahead(qkv_ptr, tile + step, ntiles, B, S, Hq, Hkv, D, in_sb, in_ss, half,
+                        mode, HB, BT, BH)
+        kind, in_rows, out_rows, mask, b, s, tmask = K._tile(tile, B, S, Hq, Hkv, D, in_sb,
+                                                             in_ss, mode, BT, BH)
+        out_ptr = tl.where(kind == 0, qo_ptr, tl.where(kind == 1, ko_ptr, vo_ptr))
+        m1 = mask[:, :, None] & (cols < half)
+        rot = 2 * half
+        if kind == 2:
+            tl.store(out_ptr + out_rows[:, :, None] + cols, x1.to(dtype), mask=m1)
+            tl.store(out_ptr + out_rows[:, :, None] + half + cols, x2.to(dtype), mask=m1)
+            for c0 in range(rot, D, HB):
+                _p, m, x = K._chunk(qkv_ptr, in_rows, mask, c0, D, HB)
+                tl.store(out_ptr + out_rows[:, :, None] + c0 + cols, x.to(dtype), mask=m)
+        else:
+            c1, c2, s1, s2 = K._cos_sin(cos_ptr, sin_ptr, b, s, cos_sb, cos_ss, half, c2_off,
+                                        tmask, HB)
+            w_ptr = tl.where(kind == 0, qw_ptr, kw_ptr)
+            do_norm = tl.where(kind == 0, mode & K.HAS_QW, mode & K.HAS_KW)
+            rstd = tl.zeros((BT, BH), dtype=tl.float32)
+            if do_norm != 0:
+                ss = tl.sum(x1 * x1 + x2 * x2, axis=2)
+                for c0 in range(rot, D, HB):
+                    _p, _m, x = K._chunk(qkv_ptr, in_rows, mask, c0, D, HB)
+                    ss += tl.sum(x * x, axis=2)
+                rstd = 1.0 / tl.sqrt(ss / D + eps)
+            rstd = rstd[:, :, None]
+            r1 = K._normed(x1, rstd, w_ptr, 0, half, do_norm, dtype, HB)
+            r2 = K._normed(x2, rstd, w_ptr + half, 0, half, do_norm, dtype, HB)
+            o1 = r1 * c1 - r2 * s1
+            o2 = r2 * c2 + r1 * s2
+            tl.store(out_ptr + out_rows[:, :, None] + cols, o1.to(dtype), mask=m1)
+            tl.store(out_ptr + out_rows[:, :, None] + half + cols, o2.to(dtype), mask=m1)
+            for c0 in range(rot, D, HB):
+                _p, m, x = K._chunk(qkv_ptr, in_rows, mask, c0, D, HB)
+                r = K._normed(x, rstd, w_ptr, c0, D, do_norm, dtype, HB)
+                tl.store(out_ptr + out_rows[:, :, None] + c0 + cols, r.to(dtype), mask=m)
+
+
+def check_early(qkv, qw, kw, cos, sin, outs, common, hb, tiles_of, shapes, grids):
+    """fwd_early_kernel's and fwd_persistent_kernel's (at each grid size, capped by the
+    tiles) q, k, v equal to the library kernel's at each (BT, BH, warps)."""
     for bt, bh, warps in shapes:
-        got = [torch.full_like(o, float("nan")) for o in outs]
         ref = [torch.full_like(o, float("nan")) for o in outs]
-        grid = (tiles_of(bt, bh),)
-        K.qkv_split_norm_rope_fwd_kernel[grid](qkv, qw, kw, cos, sin, *ref, *common, HB=hb,
-                                                BT=bt, BH=bh, num_warps=warps)
-        fwd_early_kernel[grid](qkv, qw, kw, cos, sin, *got, *common, HB=hb, BT=bt, BH=bh,
-                               num_warps=warps)
-        same = all(torch.equal(a, b) for a, b in zip(ref, got))
+        tiles = tiles_of(bt, bh)
+        K.qkv_split_norm_rope_fwd_kernel[(tiles,)](qkv, qw, kw, cos, sin, *ref, *common,
+                                                   HB=hb, BT=bt, BH=bh, num_warps=warps)
         written = not any(torch.isnan(r).any().item() for r in ref)
-        print(f"early form BT {bt} BH {bh} warps {warps} equal to the library: {same} "
-              f"(every element written: {written})", flush=True)
-        if not (same and written):
-            raise SystemExit("early form WRONG")
+        runs = [("early", fwd_early_kernel, tiles)]
+        runs += [("persistent", fwd_persistent_kernel, min(g, tiles)) for g in grids]
+        for name, kern, grid in runs:
+            got = [torch.full_like(o, float("nan")) for o in outs]
+            kern[(grid,)](qkv, qw, kw, cos, sin, *got, *common, HB=hb, BT=bt, BH=bh,
+                          num_warps=warps)
+            same = all(torch.equal(a, b) for a, b in zip(ref, got))
+            print(f"{name} form BT {bt} BH {bh} warps {warps} ({grid} programs) equal to the "
+                  f"library: {same} (every element written: {written})", flush=True)
+            if not (same and written):
+                raise SystemExit(f"{name} form WRONG")
 
 
 def bench(fn):
@@ -128,18 +202,31 @@ def main():
 
     if dev != "cuda":
         check_early(qkv, qw, kw, cos, sin, outs, common, hb, tiles_of,
-                    ((16, 2, 4), (8, 1, 1), (4, 4, 2)))
+                    ((16, 2, 4), (8, 1, 1), (4, 4, 2)), (3, 7))
+        # partial rotary: rotary_dim d / 2 (cos / sin of that width), the rest passed through
+        rh = d // 4
+        pcos, psin = cos[:, :2 * rh].contiguous(), sin[:, :2 * rh].contiguous()
+        pcommon = (qkv.stride(1), qkv.stride(0), 0, pcos.stride(0), 1, t, hq, hkv, d, rh, rh,
+                   mode, 1e-6)
+        check_early(qkv, qw, kw, pcos, psin, outs, pcommon, triton.next_power_of_2(rh),
+                    tiles_of, ((16, 2, 4), (4, 4, 2)), (3, 7))
         return
     if args.early:
         shapes = ((16, 2, 4), (8, 1, 1), (16, 1, 4), (8, 2, 2), (32, 2, 8), (16, 4, 4))
-        check_early(qkv, qw, kw, cos, sin, outs, common, hb, tiles_of, shapes)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        per_sm = (2, 4, 8, 16)
+        check_early(qkv, qw, kw, cos, sin, outs, common, hb, tiles_of, shapes[:2],
+                    [p * sms for p in per_sm])
         for bt, bh, warps in shapes:
-            for name, kern in (("library", K.qkv_split_norm_rope_fwd_kernel),
-                               ("early", fwd_early_kernel)):
-                ms = bench(lambda: kern[(tiles_of(bt, bh),)](
+            runs = [("library", K.qkv_split_norm_rope_fwd_kernel, tiles_of(bt, bh)),
+                    ("early", fwd_early_kernel, tiles_of(bt, bh))]
+            runs += [(f"persistent {p:2d}/SM", fwd_persistent_kernel,
+                      min(p * sms, tiles_of(bt, bh))) for p in per_sm]
+            for name, kern, grid in runs:
+                ms = bench(lambda: kern[(grid,)](
                     qkv, qw, kw, cos, sin, *outs, *common, HB=hb, BT=bt, BH=bh,
                     num_warps=warps))
-                print(f"fwd {name:7s} BT {bt:2d} BH {bh} warps {warps}: {ms * 1e3:8.1f} us",
+                print(f"fwd {name:16s} BT {bt:2d} BH {bh} warps {warps}: {ms * 1e3:8.1f} us",
                       flush=True)
         return
     grads = [torch.randn_like(o) for o in outs]
