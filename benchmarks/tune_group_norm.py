@@ -161,14 +161,9 @@ def group_norm_bwd_form_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr,
                              eviction_policy="evict_last").to(tl.float32)
                 acc_s += dy * tl.where(mask, (x - mean) * rstd, 0.0)
                 acc_d += dy
-            sc = tl.sum(acc_s, axis=1)
-            dc = tl.sum(acc_d, axis=1)
-            tl.store(pg + cc, sc, mask=cmask)
-            tl.store(pg + plane + cc, dc, mask=cmask)
-            w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
-            w = tl.where(cmask, w, 0.0)
-            a += tl.sum(w * sc)
-            bs += tl.sum(w * dc)
+            da, db = _gn_block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w)
+            a += da
+            bs += db
         if want_dx != 0:
             ka = a * inv_n
             kb = bs * inv_n
@@ -191,15 +186,52 @@ def group_norm_bwd_form_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr,
 
 
 @triton.jit
-def _gn_load(g_ptr, k, nh, nt, Cg, HW, ci, hi, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
-             POLICY: tl.constexpr):
-    """Tile k (of nt, channel-major) of a group in its stored dtype; 0 outside the group and
-    for k >= nt (no memory is read then)."""
+def _gn_load(g_ptr, k, valid, nh, Cg, HW, ci, hi, BLOCK_C: tl.constexpr,
+             BLOCK_HW: tl.constexpr, POLICY: tl.constexpr):
+    """Tile k (channel-major) of a group in its stored dtype; 0 outside the group and where
+    ``valid`` is false (no memory is read then)."""
     cc = (k // nh) * BLOCK_C + ci
     hh = (k % nh) * BLOCK_HW + hi
-    mask = (cc < Cg)[:, None] & (hh < HW)[None, :] & (k < nt)
+    mask = (cc < Cg)[:, None] & (hh < HW)[None, :] & valid
     return tl.load(g_ptr + cc[:, None] * HW + hh[None, :], mask=mask, other=0.0,
                    eviction_policy=POLICY)
+
+
+@triton.jit
+def _gn_stats(s1, s2, shift, inv_n, eps):
+    """(mean, rstd) of a group from its shifted sums, as the library's forward."""
+    m1 = tl.sum(s1) * inv_n
+    var = tl.maximum(tl.sum(s2) * inv_n - m1 * m1, 0.0)
+    return shift + m1, 1.0 / tl.sqrt(var + eps)
+
+
+@triton.jit
+def _gn_y(x, mean, rstd, w_ptr, b_ptr, ch0, cc, cmask, has_w, has_b):
+    """The forward's output tile of x (fp32), as the library's normalize pass."""
+    w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
+    b = tl.load(b_ptr + ch0 + cc, mask=cmask & (has_b != 0), other=0.0).to(tl.float32)
+    scale = w * rstd
+    return (x - mean) * scale[:, None] + b[:, None]
+
+
+@triton.jit
+def _gn_block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w):
+    """Stores a channel block's S_c / D_c partials; returns its shares of A and Bs."""
+    sc = tl.sum(acc_s, axis=1)
+    dc = tl.sum(acc_d, axis=1)
+    tl.store(pg + cc, sc, mask=cmask)
+    tl.store(pg + plane + cc, dc, mask=cmask)
+    w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
+    w = tl.where(cmask, w, 0.0)
+    return tl.sum(w * sc), tl.sum(w * dc)
+
+
+@triton.jit
+def _gn_dx(x, dy, mean, rstd, ka, kb, w_ptr, ch0, cc, cmask, has_w):
+    """The backward's dx tile (fp32), as the library's dx pass."""
+    w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
+    xhat = (x - mean) * rstd
+    return rstd * (dy * w[:, None] - (xhat * ka + kb))
 
 
 @triton.jit
@@ -226,35 +258,31 @@ def group_norm_fwd_prefetch_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_pt
         shift = tl.load(xg).to(tl.float32)
         s1 = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
         s2 = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-        nxt = _gn_load(xg, 0, nh, nt, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
+        nxt = _gn_load(xg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
         for k in range(0, nt):
             cur = nxt
-            nxt = _gn_load(xg, k + 1, nh, nt, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
+            nxt = _gn_load(xg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
+                           "evict_last")
             cc = (k // nh) * BLOCK_C + ci
             hh = (k % nh) * BLOCK_HW + hi
             mask = (cc < Cg)[:, None] & (hh < HW)[None, :]
             d = tl.where(mask, cur.to(tl.float32) - shift, 0.0)
             s1 += d
             s2 += d * d
-        m1 = tl.sum(s1) * inv_n
-        var = tl.maximum(tl.sum(s2) * inv_n - m1 * m1, 0.0)
-        mean = shift + m1
-        rstd = 1.0 / tl.sqrt(var + eps)
+        mean, rstd = _gn_stats(s1, s2, shift, inv_n, eps)
         tl.store(mean_ptr + grp, mean)
         tl.store(rstd_ptr + grp, rstd)
         ch0 = (grp % G) * Cg
-        nxt = _gn_load(xg, 0, nh, nt, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
+        nxt = _gn_load(xg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
         for k in range(0, nt):
             cur = nxt
-            nxt = _gn_load(xg, k + 1, nh, nt, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
+            nxt = _gn_load(xg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
+                           "evict_first")
             cc = (k // nh) * BLOCK_C + ci
             cmask = cc < Cg
-            w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
-            b = tl.load(b_ptr + ch0 + cc, mask=cmask & (has_b != 0), other=0.0).to(tl.float32)
-            scale = w * rstd
             hh = (k % nh) * BLOCK_HW + hi
             mask = cmask[:, None] & (hh < HW)[None, :]
-            y = (cur.to(tl.float32) - mean) * scale[:, None] + b[:, None]
+            y = _gn_y(cur.to(tl.float32), mean, rstd, w_ptr, b_ptr, ch0, cc, cmask, has_w, has_b)
             tl.store(yg + cc[:, None] * HW + hh[None, :], y.to(dtype), mask=mask)
 
 
@@ -288,13 +316,15 @@ def group_norm_bwd_prefetch_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_
         bs = 0.0
         acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
         acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-        nx = _gn_load(xg, 0, nh, nt, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
-        ndy = _gn_load(dyg, 0, nh, nt, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
+        nx = _gn_load(xg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
+        ndy = _gn_load(dyg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
         for k in range(0, nt):
             cx = nx
             cdy = ndy
-            nx = _gn_load(xg, k + 1, nh, nt, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
-            ndy = _gn_load(dyg, k + 1, nh, nt, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
+            nx = _gn_load(xg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
+                          "evict_last")
+            ndy = _gn_load(dyg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
+                           "evict_last")
             cc = (k // nh) * BLOCK_C + ci
             cmask = cc < Cg
             hh = (k % nh) * BLOCK_HW + hi
@@ -303,37 +333,29 @@ def group_norm_bwd_prefetch_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_
             acc_s += d * tl.where(mask, (cx.to(tl.float32) - mean) * rstd, 0.0)
             acc_d += d
             if k % nh == nh - 1:  # the channel block's last tile: its sums are complete
-                sc = tl.sum(acc_s, axis=1)
-                dc = tl.sum(acc_d, axis=1)
-                tl.store(pg + cc, sc, mask=cmask)
-                tl.store(pg + plane + cc, dc, mask=cmask)
-                w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0),
-                            other=1.0).to(tl.float32)
-                w = tl.where(cmask, w, 0.0)
-                a += tl.sum(w * sc)
-                bs += tl.sum(w * dc)
+                da, db = _gn_block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w)
+                a += da
+                bs += db
                 acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
                 acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
         if want_dx != 0:
             ka = a * inv_n
             kb = bs * inv_n
-            nx = _gn_load(xg, 0, nh, nt, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
-            ndy = _gn_load(dyg, 0, nh, nt, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
+            nx = _gn_load(xg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
+            ndy = _gn_load(dyg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
             for k in range(0, nt):
                 cx = nx
                 cdy = ndy
-                nx = _gn_load(xg, k + 1, nh, nt, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
+                nx = _gn_load(xg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
                               "evict_first")
-                ndy = _gn_load(dyg, k + 1, nh, nt, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
+                ndy = _gn_load(dyg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
                                "evict_first")
                 cc = (k // nh) * BLOCK_C + ci
                 cmask = cc < Cg
-                w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0),
-                            other=1.0).to(tl.float32)
                 hh = (k % nh) * BLOCK_HW + hi
                 mask = cmask[:, None] & (hh < HW)[None, :]
-                xhat = (cx.to(tl.float32) - mean) * rstd
-                dx = rstd * (cdy.to(tl.float32) * w[:, None] - (xhat * ka + kb))
+                dx = _gn_dx(cx.to(tl.float32), cdy.to(tl.float32), mean, rstd, ka, kb, w_ptr,
+                            ch0, cc, cmask, has_w)
                 tl.store(dxg + cc[:, None] * HW + hh[None, :], dx.to(dtype), mask=mask)
 
 
@@ -345,15 +367,11 @@ def _stream_load(base_ptr, pid, step, j, total, per_group, nh, nt, n64, Cg, HW, 
     first; 0 past the last step (no memory is read then)."""
     grp = pid + (j // per_group) * step
     first = (j % per_group) < nt
-    k = j % nt
     g_ptr = base_ptr + grp.to(tl.int64) * n64
-    cc = (k // nh) * BLOCK_C + ci
-    hh = (k % nh) * BLOCK_HW + hi
-    mask = (cc < Cg)[:, None] & (hh < HW)[None, :] & (j < total)
-    offs = cc[:, None] * HW + hh[None, :]
-    a = tl.load(g_ptr + offs, mask=mask & first, other=0.0, eviction_policy="evict_last")
-    b = tl.load(g_ptr + offs, mask=mask & (not first), other=0.0,
-                eviction_policy="evict_first")
+    a = _gn_load(g_ptr, j % nt, (j < total) & first, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
+                 "evict_last")
+    b = _gn_load(g_ptr, j % nt, (j < total) & (not first), nh, Cg, HW, ci, hi, BLOCK_C,
+                 BLOCK_HW, "evict_first")
     return tl.where(first, a, b)
 
 
@@ -403,20 +421,14 @@ def group_norm_fwd_stream_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
             s1 += d
             s2 += d * d
             if k == nt - 1:
-                m1 = tl.sum(s1) * inv_n
-                var = tl.maximum(tl.sum(s2) * inv_n - m1 * m1, 0.0)
-                mean = shift + m1
-                rstd = 1.0 / tl.sqrt(var + eps)
+                mean, rstd = _gn_stats(s1, s2, shift, inv_n, eps)
                 tl.store(mean_ptr + grp, mean)
                 tl.store(rstd_ptr + grp, rstd)
                 s1 = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
                 s2 = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
         else:
-            ch0 = (grp % G) * Cg
-            w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
-            b = tl.load(b_ptr + ch0 + cc, mask=cmask & (has_b != 0), other=0.0).to(tl.float32)
-            scale = w * rstd
-            y = (cur.to(tl.float32) - mean) * scale[:, None] + b[:, None]
+            y = _gn_y(cur.to(tl.float32), mean, rstd, w_ptr, b_ptr, (grp % G) * Cg, cc, cmask,
+                      has_w, has_b)
             tl.store(y_ptr + grp * n64 + cc[:, None] * HW + hh[None, :], y.to(dtype), mask=mask)
 
 
@@ -479,25 +491,18 @@ def group_norm_bwd_stream_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_pt
             acc_s += d * tl.where(mask, (cx.to(tl.float32) - mean) * rstd, 0.0)
             acc_d += d
             if k % nh == nh - 1:  # the channel block's last tile: its sums are complete
-                sc = tl.sum(acc_s, axis=1)
-                dc = tl.sum(acc_d, axis=1)
-                pg = partial_ptr + grp * Cg.to(tl.int64)
-                tl.store(pg + cc, sc, mask=cmask)
-                tl.store(pg + plane + cc, dc, mask=cmask)
-                w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0),
-                            other=1.0).to(tl.float32)
-                w = tl.where(cmask, w, 0.0)
-                a += tl.sum(w * sc)
-                bs += tl.sum(w * dc)
+                da, db = _gn_block_sums(acc_s, acc_d, partial_ptr + grp * Cg.to(tl.int64),
+                                        plane, cc, cmask, w_ptr, ch0, has_w)
+                a += da
+                bs += db
                 acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
                 acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
                 if k == nt - 1:
                     ka = a * inv_n
                     kb = bs * inv_n
         else:
-            w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
-            xhat = (cx.to(tl.float32) - mean) * rstd
-            dx = rstd * (cdy.to(tl.float32) * w[:, None] - (xhat * ka + kb))
+            dx = _gn_dx(cx.to(tl.float32), cdy.to(tl.float32), mean, rstd, ka, kb, w_ptr, ch0,
+                        cc, cmask, has_w)
             tl.store(dx_ptr + grp * n64 + cc[:, None] * HW + hh[None, :], dx.to(dtype),
                      mask=mask)
 
