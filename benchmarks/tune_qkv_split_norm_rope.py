@@ -32,6 +32,45 @@ import qkv_split_norm_rope as K  # noqa: E402
 
 
 @triton.jit
+def _halves(qkv_ptr, in_rows, mask, half, HB: tl.constexpr):
+    """The rows' two rotating halves in fp32 (0 where masked)."""
+    _p1, _m1, x1 = K._chunk(qkv_ptr, in_rows, mask, 0, half, HB)
+    _p2, _m2, x2 = K._chunk(qkv_ptr, in_rows + half, mask, 0, half, HB)
+    return x1, x2
+
+
+@triton.jit
+def _qk_rows(x1, x2, c1, c2, s1, s2, kind, qkv_ptr, in_rows, out_ptr, out_rows, mask, qw_ptr,
+             kw_ptr, D, half, mode, eps, dtype, HB: tl.constexpr, BT: tl.constexpr,
+             BH: tl.constexpr):
+    """The library forward's q / k path given the rows' halves and cos / sin: RMSNorm, the
+    rotation and the stores, the pass-through dims read and written here."""
+    cols = tl.arange(0, HB)[None, None, :]
+    m1 = mask[:, :, None] & (cols < half)
+    rot = 2 * half
+    w_ptr = tl.where(kind == 0, qw_ptr, kw_ptr)
+    do_norm = tl.where(kind == 0, mode & K.HAS_QW, mode & K.HAS_KW)
+    rstd = tl.zeros((BT, BH), dtype=tl.float32)
+    if do_norm != 0:
+        ss = tl.sum(x1 * x1 + x2 * x2, axis=2)
+        for c0 in range(rot, D, HB):
+            _p, _m, x = K._chunk(qkv_ptr, in_rows, mask, c0, D, HB)
+            ss += tl.sum(x * x, axis=2)
+        rstd = 1.0 / tl.sqrt(ss / D + eps)
+    rstd = rstd[:, :, None]
+    n1 = K._normed(x1, rstd, w_ptr, 0, half, do_norm, dtype, HB)
+    n2 = K._normed(x2, rstd, w_ptr + half, 0, half, do_norm, dtype, HB)
+    o1 = n1 * c1 - n2 * s1
+    o2 = n2 * c2 + n1 * s2
+    tl.store(out_ptr + out_rows[:, :, None] + cols, o1.to(dtype), mask=m1)
+    tl.store(out_ptr + out_rows[:, :, None] + half + cols, o2.to(dtype), mask=m1)
+    for c0 in range(rot, D, HB):
+        _p, m, x = K._chunk(qkv_ptr, in_rows, mask, c0, D, HB)
+        n = K._normed(x, rstd, w_ptr, c0, D, do_norm, dtype, HB)
+        tl.store(out_ptr + out_rows[:, :, None] + c0 + cols, n.to(dtype), mask=m)
+
+
+@triton.jit
 def fwd_early_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, vo_ptr, in_sb,
                      in_ss, cos_sb, cos_ss, B, S, Hq, Hkv, D, half, c2_off, mode, eps,
                      HB: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
@@ -45,43 +84,19 @@ def fwd_early_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, 
     else:
         c1, c2, s1, s2 = K._cos_sin(cos_ptr, sin_ptr, b, s, cos_sb, cos_ss, half, c2_off,
                                     tmask, HB)
-        rot = 2 * half
-        w_ptr = tl.where(kind == 0, qw_ptr, kw_ptr)
-        do_norm = tl.where(kind == 0, mode & K.HAS_QW, mode & K.HAS_KW)
-        _p1, m1, x1 = K._chunk(qkv_ptr, in_rows, mask, 0, half, HB)
-        _p2, m2, x2 = K._chunk(qkv_ptr, in_rows + half, mask, 0, half, HB)
-        rstd = tl.zeros((BT, BH), dtype=tl.float32)
-        if do_norm != 0:
-            ss = tl.sum(x1 * x1 + x2 * x2, axis=2)
-            for c0 in range(rot, D, HB):
-                _p, _m, x = K._chunk(qkv_ptr, in_rows, mask, c0, D, HB)
-                ss += tl.sum(x * x, axis=2)
-            rstd = 1.0 / tl.sqrt(ss / D + eps)
-        rstd = rstd[:, :, None]
-        n1 = K._normed(x1, rstd, w_ptr, 0, half, do_norm, dtype, HB)
-        n2 = K._normed(x2, rstd, w_ptr + half, 0, half, do_norm, dtype, HB)
-        o1 = n1 * c1 - n2 * s1
-        o2 = n2 * c2 + n1 * s2
-        cols = tl.arange(0, HB)[None, None, :]
-        tl.store(out_ptr + out_rows[:, :, None] + cols, o1.to(dtype), mask=m1)
-        tl.store(out_ptr + out_rows[:, :, None] + half + cols, o2.to(dtype), mask=m2)
-        for c0 in range(rot, D, HB):
-            _p, m, x = K._chunk(qkv_ptr, in_rows, mask, c0, D, HB)
-            n = K._normed(x, rstd, w_ptr, c0, D, do_norm, dtype, HB)
-            tl.store(out_ptr + out_rows[:, :, None] + c0 + cols, n.to(dtype), mask=m)
+        x1, x2 = _halves(qkv_ptr, in_rows, mask, half, HB)
+        _qk_rows(x1, x2, c1, c2, s1, s2, kind, qkv_ptr, in_rows, out_ptr, out_rows, mask,
+                 qw_ptr, kw_ptr, D, half, mode, eps, dtype, HB, BT, BH)
 
 
 @triton.jit
 def _ahead(qkv_ptr, tile, ntiles, B, S, Hq, Hkv, D, in_sb, in_ss, half, mode,
            HB: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
-    """Tile ``tile``'s first two half-width chunks of its rows in fp32 (0 past the last tile:
-    no memory is read then)."""
+    """Tile ``tile``'s two rotating halves of its rows in fp32 (0 past the last tile: no
+    memory is read then)."""
     _kind, in_rows, _o, mask, _b, _s, _t = K._tile(tile, B, S, Hq, Hkv, D, in_sb, in_ss, mode,
                                                    BT, BH)
-    mask = mask & (tile < ntiles)
-    _p1, _m1, x1 = K._chunk(qkv_ptr, in_rows, mask, 0, half, HB)
-    _p2, _m2, x2 = K._chunk(qkv_ptr, in_rows + half, mask, 0, half, HB)
-    return x1, x2
+    return _halves(qkv_ptr, in_rows, mask & (tile < ntiles), half, HB)
 
 
 @triton.jit
@@ -106,37 +121,18 @@ def fwd_persistent_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_
         kind, in_rows, out_rows, mask, b, s, tmask = K._tile(tile, B, S, Hq, Hkv, D, in_sb,
                                                              in_ss, mode, BT, BH)
         out_ptr = tl.where(kind == 0, qo_ptr, tl.where(kind == 1, ko_ptr, vo_ptr))
-        m1 = mask[:, :, None] & (cols < half)
-        rot = 2 * half
         if kind == 2:
+            m1 = mask[:, :, None] & (cols < half)
             tl.store(out_ptr + out_rows[:, :, None] + cols, x1.to(dtype), mask=m1)
             tl.store(out_ptr + out_rows[:, :, None] + half + cols, x2.to(dtype), mask=m1)
-            for c0 in range(rot, D, HB):
+            for c0 in range(2 * half, D, HB):
                 _p, m, x = K._chunk(qkv_ptr, in_rows, mask, c0, D, HB)
                 tl.store(out_ptr + out_rows[:, :, None] + c0 + cols, x.to(dtype), mask=m)
         else:
             c1, c2, s1, s2 = K._cos_sin(cos_ptr, sin_ptr, b, s, cos_sb, cos_ss, half, c2_off,
                                         tmask, HB)
-            w_ptr = tl.where(kind == 0, qw_ptr, kw_ptr)
-            do_norm = tl.where(kind == 0, mode & K.HAS_QW, mode & K.HAS_KW)
-            rstd = tl.zeros((BT, BH), dtype=tl.float32)
-            if do_norm != 0:
-                ss = tl.sum(x1 * x1 + x2 * x2, axis=2)
-                for c0 in range(rot, D, HB):
-                    _p, _m, x = K._chunk(qkv_ptr, in_rows, mask, c0, D, HB)
-                    ss += tl.sum(x * x, axis=2)
-                rstd = 1.0 / tl.sqrt(ss / D + eps)
-            rstd = rstd[:, :, None]
-            r1 = K._normed(x1, rstd, w_ptr, 0, half, do_norm, dtype, HB)
-            r2 = K._normed(x2, rstd, w_ptr + half, 0, half, do_norm, dtype, HB)
-            o1 = r1 * c1 - r2 * s1
-            o2 = r2 * c2 + r1 * s2
-            tl.store(out_ptr + out_rows[:, :, None] + cols, o1.to(dtype), mask=m1)
-            tl.store(out_ptr + out_rows[:, :, None] + half + cols, o2.to(dtype), mask=m1)
-            for c0 in range(rot, D, HB):
-                _p, m, x = K._chunk(qkv_ptr, in_rows, mask, c0, D, HB)
-                r = K._normed(x, rstd, w_ptr, c0, D, do_norm, dtype, HB)
-                tl.store(out_ptr + out_rows[:, :, None] + c0 + cols, r.to(dtype), mask=m)
+            _qk_rows(x1, x2, c1, c2, s1, s2, kind, qkv_ptr, in_rows, out_ptr, out_rows, mask,
+                     qw_ptr, kw_ptr, D, half, mode, eps, dtype, HB, BT, BH)
 
 
 def check_early(qkv, qw, kw, cos, sin, outs, common, hb, tiles_of, shapes, grids):
