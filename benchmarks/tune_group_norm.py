@@ -7,14 +7,6 @@ still in L2; with or without the eviction hints). Prints the median time and the
 of the measured copy bandwidth at one shape, forward (x read, y written) and backward
 (x, dy read, dx written; the dweight / dbias reduction timed apart) separately.
 
-The prefetching forms (--prefetch runs only them and the library's):
-group_norm_{fwd,bwd}_prefetch_kernel are the library's kernels with each pass loading its
-next tile before it uses the current one, so that a program's loads stay in flight while it
-sums or writes a tile (Triton does not pipeline these loads: num_stages changes nothing);
-group_norm_{fwd,bwd}_stream_kernel run a program's groups and passes as one stream of steps,
-so the tile loaded ahead also crosses pass and group boundaries. Checked equal to the
-library, at its grid and with three groups a program.
-
 Last, a one-pass form of the backward (group_norm_bwd_cluster_kernel): each group split
 over a thread-block cluster of CL = 2, 4 or 8 programs, each holding its share of the
 group's x and dy in registers while the cluster exchanges two sums per program through
@@ -29,7 +21,7 @@ cluster exchange is emulated (_tune.ClusterExchangeEmulation) and the form's num
 checked at the given shape for several splits (uneven and empty ranges among them).
 
     python benchmarks/tune_group_norm.py [--shape 32,512,4096] [--groups 32] [--quick]
-                                         [--cluster-only | --prefetch]
+                                         [--cluster-only]
     TRITON_INTERPRET=1 python benchmarks/tune_group_norm.py --device cpu --shape 3,12,37 \
         --groups 2
 """
@@ -161,7 +153,7 @@ def group_norm_bwd_form_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr,
                              eviction_policy="evict_last").to(tl.float32)
                 acc_s += dy * tl.where(mask, (x - mean) * rstd, 0.0)
                 acc_d += dy
-            da, db = _gn_block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w)
+            da, db = K._block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w)
             a += da
             bs += db
         if want_dx != 0:
@@ -183,328 +175,6 @@ def group_norm_bwd_form_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr,
                 xhat = (x - mean) * rstd
                 dx = rstd * (dy * w[:, None] - (xhat * ka + kb))
                 tl.store(dxg + offs, dx.to(dtype), mask=mask)
-
-
-@triton.jit
-def _gn_load(g_ptr, k, valid, nh, Cg, HW, ci, hi, BLOCK_C: tl.constexpr,
-             BLOCK_HW: tl.constexpr, POLICY: tl.constexpr):
-    """Tile k (channel-major) of a group in its stored dtype; 0 outside the group and where
-    ``valid`` is false (no memory is read then)."""
-    cc = (k // nh) * BLOCK_C + ci
-    hh = (k % nh) * BLOCK_HW + hi
-    mask = (cc < Cg)[:, None] & (hh < HW)[None, :] & valid
-    return tl.load(g_ptr + cc[:, None] * HW + hh[None, :], mask=mask, other=0.0,
-                   eviction_policy=POLICY)
-
-
-@triton.jit
-def _gn_stats(s1, s2, shift, inv_n, eps):
-    """(mean, rstd) of a group from its shifted sums, as the library's forward."""
-    m1 = tl.sum(s1) * inv_n
-    var = tl.maximum(tl.sum(s2) * inv_n - m1 * m1, 0.0)
-    return shift + m1, 1.0 / tl.sqrt(var + eps)
-
-
-@triton.jit
-def _gn_y(x, mean, rstd, w_ptr, b_ptr, ch0, cc, cmask, has_w, has_b):
-    """The forward's output tile of x (fp32), as the library's normalize pass."""
-    w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
-    b = tl.load(b_ptr + ch0 + cc, mask=cmask & (has_b != 0), other=0.0).to(tl.float32)
-    scale = w * rstd
-    return (x - mean) * scale[:, None] + b[:, None]
-
-
-@triton.jit
-def _gn_block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w):
-    """Stores a channel block's S_c / D_c partials; returns its shares of A and Bs."""
-    sc = tl.sum(acc_s, axis=1)
-    dc = tl.sum(acc_d, axis=1)
-    tl.store(pg + cc, sc, mask=cmask)
-    tl.store(pg + plane + cc, dc, mask=cmask)
-    w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
-    w = tl.where(cmask, w, 0.0)
-    return tl.sum(w * sc), tl.sum(w * dc)
-
-
-@triton.jit
-def _gn_dx(x, dy, mean, rstd, ka, kb, w_ptr, ch0, cc, cmask, has_w):
-    """The backward's dx tile (fp32), as the library's dx pass."""
-    w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
-    xhat = (x - mean) * rstd
-    return rstd * (dy * w[:, None] - (xhat * ka + kb))
-
-
-@triton.jit
-def group_norm_fwd_prefetch_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, groups, G,
-                                   Cg, HW, eps, has_w, has_b, BLOCK_C: tl.constexpr,
-                                   BLOCK_HW: tl.constexpr):
-    """Candidate: the library's forward with each pass loading its next tile before it uses
-    the current one (a register prefetch: the tile's loads are in flight while the previous
-    tile is summed or normalized and stored). The same arithmetic in the same order."""
-    dtype = y_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    step = tl.num_programs(0)
-    ci = tl.arange(0, BLOCK_C)
-    hi = tl.arange(0, BLOCK_HW)
-    n = Cg * HW
-    n64 = n.to(tl.int64)
-    inv_n = 1.0 / n.to(tl.float32)
-    nh = tl.cdiv(HW, BLOCK_HW)
-    nt = tl.cdiv(Cg, BLOCK_C) * nh
-    for grp in range(pid, groups, step):
-        base = grp * n64
-        xg = x_ptr + base
-        yg = y_ptr + base
-        shift = tl.load(xg).to(tl.float32)
-        s1 = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-        s2 = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-        nxt = _gn_load(xg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
-        for k in range(0, nt):
-            cur = nxt
-            nxt = _gn_load(xg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
-                           "evict_last")
-            cc = (k // nh) * BLOCK_C + ci
-            hh = (k % nh) * BLOCK_HW + hi
-            mask = (cc < Cg)[:, None] & (hh < HW)[None, :]
-            d = tl.where(mask, cur.to(tl.float32) - shift, 0.0)
-            s1 += d
-            s2 += d * d
-        mean, rstd = _gn_stats(s1, s2, shift, inv_n, eps)
-        tl.store(mean_ptr + grp, mean)
-        tl.store(rstd_ptr + grp, rstd)
-        ch0 = (grp % G) * Cg
-        nxt = _gn_load(xg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
-        for k in range(0, nt):
-            cur = nxt
-            nxt = _gn_load(xg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
-                           "evict_first")
-            cc = (k // nh) * BLOCK_C + ci
-            cmask = cc < Cg
-            hh = (k % nh) * BLOCK_HW + hi
-            mask = cmask[:, None] & (hh < HW)[None, :]
-            y = _gn_y(cur.to(tl.float32), mean, rstd, w_ptr, b_ptr, ch0, cc, cmask, has_w, has_b)
-            tl.store(yg + cc[:, None] * HW + hh[None, :], y.to(dtype), mask=mask)
-
-
-@triton.jit
-def group_norm_bwd_prefetch_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr,
-                                   partial_ptr, groups, G, Cg, HW, has_w, want_dx,
-                                   BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
-    """Candidate: the library's backward with each pass loading its next tile of x and dy
-    before it uses the current ones. The same arithmetic in the same order."""
-    dtype = dx_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    step = tl.num_programs(0)
-    ci = tl.arange(0, BLOCK_C)
-    hi = tl.arange(0, BLOCK_HW)
-    n = Cg * HW
-    n64 = n.to(tl.int64)
-    inv_n = 1.0 / n.to(tl.float32)
-    plane = groups.to(tl.int64) * Cg
-    nh = tl.cdiv(HW, BLOCK_HW)
-    nt = tl.cdiv(Cg, BLOCK_C) * nh
-    for grp in range(pid, groups, step):
-        base = grp * n64
-        xg = x_ptr + base
-        dyg = dy_ptr + base
-        dxg = dx_ptr + base
-        mean = tl.load(mean_ptr + grp)
-        rstd = tl.load(rstd_ptr + grp)
-        ch0 = (grp % G) * Cg
-        pg = partial_ptr + grp * Cg.to(tl.int64)
-        a = 0.0
-        bs = 0.0
-        acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-        acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-        nx = _gn_load(xg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
-        ndy = _gn_load(dyg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
-        for k in range(0, nt):
-            cx = nx
-            cdy = ndy
-            nx = _gn_load(xg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
-                          "evict_last")
-            ndy = _gn_load(dyg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
-                           "evict_last")
-            cc = (k // nh) * BLOCK_C + ci
-            cmask = cc < Cg
-            hh = (k % nh) * BLOCK_HW + hi
-            mask = cmask[:, None] & (hh < HW)[None, :]
-            d = cdy.to(tl.float32)
-            acc_s += d * tl.where(mask, (cx.to(tl.float32) - mean) * rstd, 0.0)
-            acc_d += d
-            if k % nh == nh - 1:  # the channel block's last tile: its sums are complete
-                da, db = _gn_block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w)
-                a += da
-                bs += db
-                acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-                acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-        if want_dx != 0:
-            ka = a * inv_n
-            kb = bs * inv_n
-            nx = _gn_load(xg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
-            ndy = _gn_load(dyg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
-            for k in range(0, nt):
-                cx = nx
-                cdy = ndy
-                nx = _gn_load(xg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
-                              "evict_first")
-                ndy = _gn_load(dyg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
-                               "evict_first")
-                cc = (k // nh) * BLOCK_C + ci
-                cmask = cc < Cg
-                hh = (k % nh) * BLOCK_HW + hi
-                mask = cmask[:, None] & (hh < HW)[None, :]
-                dx = _gn_dx(cx.to(tl.float32), cdy.to(tl.float32), mean, rstd, ka, kb, w_ptr,
-                            ch0, cc, cmask, has_w)
-                tl.store(dxg + cc[:, None] * HW + hh[None, :], dx.to(dtype), mask=mask)
-
-
-@triton.jit
-def _stream_load(base_ptr, pid, step, j, total, per_group, nh, nt, n64, Cg, HW, ci, hi,
-                 BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
-    """The tile of step j of a program's stream (its groups one after the other, each as
-    per_group / nt passes of nt tiles): the first pass's loads evict last, the others'
-    first; 0 past the last step (no memory is read then)."""
-    grp = pid + (j // per_group) * step
-    first = (j % per_group) < nt
-    g_ptr = base_ptr + grp.to(tl.int64) * n64
-    a = _gn_load(g_ptr, j % nt, (j < total) & first, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
-                 "evict_last")
-    b = _gn_load(g_ptr, j % nt, (j < total) & (not first), nh, Cg, HW, ci, hi, BLOCK_C,
-                 BLOCK_HW, "evict_first")
-    return tl.where(first, a, b)
-
-
-@triton.jit
-def group_norm_fwd_stream_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, groups, G, Cg,
-                                 HW, eps, has_w, has_b, BLOCK_C: tl.constexpr,
-                                 BLOCK_HW: tl.constexpr):
-    """Candidate: the prefetching forward as one stream of steps over the program's groups
-    and both passes, so that the tile loaded ahead crosses the pass and group boundaries
-    too (the per-pass form waits once at the start of each pass). The same arithmetic."""
-    dtype = y_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    step = tl.num_programs(0)
-    ci = tl.arange(0, BLOCK_C)
-    hi = tl.arange(0, BLOCK_HW)
-    n = Cg * HW
-    n64 = n.to(tl.int64)
-    inv_n = 1.0 / n.to(tl.float32)
-    nh = tl.cdiv(HW, BLOCK_HW)
-    nt = tl.cdiv(Cg, BLOCK_C) * nh
-    per_group = 2 * nt
-    total = tl.cdiv(groups - pid, step) * per_group
-    nxt = _stream_load(x_ptr, pid, step, 0, total, per_group, nh, nt, n64, Cg, HW, ci, hi,
-                       BLOCK_C, BLOCK_HW)
-    nshift = tl.load(x_ptr + pid * n64, mask=total > 0, other=0.0).to(tl.float32)
-    shift = 0.0
-    mean = 0.0
-    rstd = 0.0
-    s1 = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-    s2 = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-    for j in range(0, total):
-        cur = nxt
-        nxt = _stream_load(x_ptr, pid, step, j + 1, total, per_group, nh, nt, n64, Cg, HW, ci,
-                           hi, BLOCK_C, BLOCK_HW)
-        grp = pid + (j // per_group) * step
-        k = j % nt
-        if j % per_group == 0:  # a group's first step: its shift, then the next group's
-            shift = nshift
-            nshift = tl.load(x_ptr + (grp + step) * n64, mask=grp + step < groups,
-                             other=0.0).to(tl.float32)
-        cc = (k // nh) * BLOCK_C + ci
-        cmask = cc < Cg
-        hh = (k % nh) * BLOCK_HW + hi
-        mask = cmask[:, None] & (hh < HW)[None, :]
-        if (j % per_group) < nt:
-            d = tl.where(mask, cur.to(tl.float32) - shift, 0.0)
-            s1 += d
-            s2 += d * d
-            if k == nt - 1:
-                mean, rstd = _gn_stats(s1, s2, shift, inv_n, eps)
-                tl.store(mean_ptr + grp, mean)
-                tl.store(rstd_ptr + grp, rstd)
-                s1 = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-                s2 = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-        else:
-            y = _gn_y(cur.to(tl.float32), mean, rstd, w_ptr, b_ptr, (grp % G) * Cg, cc, cmask,
-                      has_w, has_b)
-            tl.store(y_ptr + grp * n64 + cc[:, None] * HW + hh[None, :], y.to(dtype), mask=mask)
-
-
-@triton.jit
-def group_norm_bwd_stream_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
-                                 groups, G, Cg, HW, has_w, want_dx, BLOCK_C: tl.constexpr,
-                                 BLOCK_HW: tl.constexpr):
-    """Candidate: the prefetching backward as one stream of steps over the program's groups
-    and passes (one pass a group without dx). The same arithmetic."""
-    dtype = dx_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    step = tl.num_programs(0)
-    ci = tl.arange(0, BLOCK_C)
-    hi = tl.arange(0, BLOCK_HW)
-    n = Cg * HW
-    n64 = n.to(tl.int64)
-    inv_n = 1.0 / n.to(tl.float32)
-    plane = groups.to(tl.int64) * Cg
-    nh = tl.cdiv(HW, BLOCK_HW)
-    nt = tl.cdiv(Cg, BLOCK_C) * nh
-    per_group = nt * tl.where(want_dx != 0, 2, 1)
-    total = tl.cdiv(groups - pid, step) * per_group
-    nx = _stream_load(x_ptr, pid, step, 0, total, per_group, nh, nt, n64, Cg, HW, ci, hi,
-                      BLOCK_C, BLOCK_HW)
-    ndy = _stream_load(dy_ptr, pid, step, 0, total, per_group, nh, nt, n64, Cg, HW, ci, hi,
-                       BLOCK_C, BLOCK_HW)
-    nmean = tl.load(mean_ptr + pid, mask=total > 0, other=0.0)
-    nrstd = tl.load(rstd_ptr + pid, mask=total > 0, other=0.0)
-    mean = 0.0
-    rstd = 0.0
-    a = 0.0
-    bs = 0.0
-    ka = 0.0
-    kb = 0.0
-    acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-    acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-    for j in range(0, total):
-        cx = nx
-        cdy = ndy
-        nx = _stream_load(x_ptr, pid, step, j + 1, total, per_group, nh, nt, n64, Cg, HW, ci,
-                          hi, BLOCK_C, BLOCK_HW)
-        ndy = _stream_load(dy_ptr, pid, step, j + 1, total, per_group, nh, nt, n64, Cg, HW, ci,
-                           hi, BLOCK_C, BLOCK_HW)
-        grp = pid + (j // per_group) * step
-        k = j % nt
-        if j % per_group == 0:  # a group's first step: its statistics, then the next group's
-            mean = nmean
-            rstd = nrstd
-            a = 0.0
-            bs = 0.0
-            nmean = tl.load(mean_ptr + grp + step, mask=grp + step < groups, other=0.0)
-            nrstd = tl.load(rstd_ptr + grp + step, mask=grp + step < groups, other=0.0)
-        ch0 = (grp % G) * Cg
-        cc = (k // nh) * BLOCK_C + ci
-        cmask = cc < Cg
-        hh = (k % nh) * BLOCK_HW + hi
-        mask = cmask[:, None] & (hh < HW)[None, :]
-        if (j % per_group) < nt:
-            d = cdy.to(tl.float32)
-            acc_s += d * tl.where(mask, (cx.to(tl.float32) - mean) * rstd, 0.0)
-            acc_d += d
-            if k % nh == nh - 1:  # the channel block's last tile: its sums are complete
-                da, db = _gn_block_sums(acc_s, acc_d, partial_ptr + grp * Cg.to(tl.int64),
-                                        plane, cc, cmask, w_ptr, ch0, has_w)
-                a += da
-                bs += db
-                acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-                acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-                if k == nt - 1:
-                    ka = a * inv_n
-                    kb = bs * inv_n
-        else:
-            dx = _gn_dx(cx.to(tl.float32), cdy.to(tl.float32), mean, rstd, ka, kb, w_ptr, ch0,
-                        cc, cmask, has_w)
-            tl.store(dx_ptr + grp * n64 + cc[:, None] * HW + hh[None, :], dx.to(dtype),
-                     mask=mask)
 
 
 @triton.jit
@@ -647,8 +317,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="32,512,4096", help="batch, channels, positions")
     ap.add_argument("--groups", type=int, default=32)
-    ap.add_argument("--prefetch", action="store_true",
-                    help="only the prefetching forms (and the library's)")
     ap.add_argument("--cluster-only", action="store_true",
                     help="only the one-pass cluster form of the backward (and the library's)")
     T.add_device_args(ap)
@@ -685,10 +353,6 @@ def main():
         if stages is not None:
             kw["num_stages"] = stages
         args_ = (x, w, b, y, mean, rstd, groups, g, cg, hw, 1e-5, 1, 1)
-        if form == "prefetch":
-            return lambda: group_norm_fwd_prefetch_kernel[(progs,)](*args_, **kw)
-        if form == "stream":
-            return lambda: group_norm_fwd_stream_kernel[(progs,)](*args_, **kw)
         if form is None:
             return lambda: K.group_norm_fwd_kernel[(progs,)](*args_, **kw)
         return lambda: group_norm_fwd_form_kernel[(progs,)](*args_, REVERSE=form[0],
@@ -699,10 +363,6 @@ def main():
         if stages is not None:
             kw["num_stages"] = stages
         args_ = (dy, x, w, mean, rstd, dx, partial, groups, g, cg, hw, 1, 1)
-        if reverse == "prefetch":
-            return lambda: group_norm_bwd_prefetch_kernel[(progs,)](*args_, **kw)
-        if reverse == "stream":
-            return lambda: group_norm_bwd_stream_kernel[(progs,)](*args_, **kw)
         if reverse is None:
             return lambda: K.group_norm_bwd_kernel[(progs,)](*args_, **kw)
         return lambda: group_norm_bwd_form_kernel[(progs,)](*args_, REVERSE=reverse, **kw)
@@ -788,24 +448,6 @@ def main():
         bwd(*lib, lib_bwd_p, reverse=rev)()
         T.check(f"backward REVERSE={rev} dweight, dbias", reduce(), g_ref, atol=0.0)
         T.check(f"backward REVERSE={rev} dx", dx, dx_ref, atol=1e-6, rtol=2 ** -7)
-    for form in ("prefetch", "stream"):
-        for progs in sorted({lib_fwd_p, max(1, groups // 3)}):  # 3 groups a program too
-            mean.fill_(float("nan"))
-            rstd.fill_(float("nan"))
-            y.fill_(float("nan"))
-            fwd(*lib, progs, form=form)()
-            T.check(f"forward {form} ({progs} programs) mean, rstd", [mean, rstd],
-                    [mean_ref, rstd_ref], atol=0.0)
-            T.check(f"forward {form} ({progs} programs) y", y, y_ref, atol=1e-6, rtol=2 ** -7)
-            mean.copy_(mean_ref)
-            rstd.copy_(rstd_ref)
-            dx.fill_(float("nan"))
-            partial.fill_(float("nan"))
-            bwd(*lib, progs, reverse=form)()
-            T.check(f"backward {form} ({progs} programs) dweight, dbias", reduce(), g_ref,
-                    atol=0.0)
-            T.check(f"backward {form} ({progs} programs) dx", dx, dx_ref, atol=1e-6,
-                    rtol=2 ** -7)
     ref = reference_backward(x, dy, w, g)
     check_reference("backward library", dx_ref, g_ref, ref)
     for bb, bc, warps in REDUCE_CONFIGS:  # the same fp32 sums, grouped differently
@@ -859,31 +501,6 @@ def main():
         if wrong:
             raise SystemExit(f"cluster form WRONG in: {'; '.join(wrong)}")
 
-    def prefetch_sweep():
-        """The prefetching forms next to the library kernels, over tiles x the launcher's
-        programs per multiprocessor and twice as many (both within its 32 MB L2 budget)."""
-        print(f"-- prefetch forms (library: {lib}; forward {lib_fwd_p}, backward {lib_bwd_p} "
-              f"programs; floors {fwd_bytes / T.COPY_BW / 1e3:.1f} / "
-              f"{bwd_bytes / T.COPY_BW / 1e3:.1f} us at the measured copy bandwidth)",
-              flush=True)
-        for tile in [lib, (1, 4096, 8), (2, 4096, 8), (4, 2048, 16), (2, 2048, 8),
-                     (4, 1024, 8)]:
-            if tile[0] > cg or tile[1] > triton.next_power_of_2(hw):
-                continue
-            for per_sm in (1, 2):
-                pf = programs(per_sm * most, group_bytes)
-                pb = programs(max(1, per_sm * most // 2), 2 * group_bytes)
-                if tile == lib and per_sm == 1:
-                    T.timed(f"fwd library {tile} ({pf} programs)", fwd(*tile, pf), fwd_bytes)
-                for form in ("prefetch", "stream"):
-                    T.timed(f"fwd {form} {tile} ({pf} programs)", fwd(*tile, pf, form=form),
-                            fwd_bytes)
-                if tile == lib and per_sm == 1:
-                    T.timed(f"bwd library {tile} ({pb} programs)", bwd(*tile, pb), bwd_bytes)
-                for form in ("prefetch", "stream"):
-                    T.timed(f"bwd {form} {tile} ({pb} programs)", bwd(*tile, pb, reverse=form),
-                            bwd_bytes)
-
     if cpu:
         # the cluster form: uneven position ranges (HW not a multiple of 16 CL_HW), empty
         # ranks (positions or channels), channel splits, clusters walking several groups
@@ -897,9 +514,6 @@ def main():
 
     print(f"-- forward (library: BLOCK_C, BLOCK_HW, warps = {lib}, {lib_fwd_p} programs)",
           flush=True)
-    if args.prefetch:
-        prefetch_sweep()
-        return
     tiles = [lib] if args.quick else [lib, (1, 4096, 8), (2, 2048, 8), (4, 1024, 8),
                                       (2, 4096, 32), (1, 8192, 16)]
     tiles = [t for t in tiles if t[0] <= cg and t[1] <= triton.next_power_of_2(hw)]
