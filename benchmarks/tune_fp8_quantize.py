@@ -17,12 +17,11 @@ Forms:
     interleaved rows 4i + j; the column-wise copy's float8 bytes of rows 4i .. 4i + 3
     combined into one 32-bit word, so the transposed store moves a quarter as many
     elements) against its plain path: checked bit for bit, then timed over warps.
-  persistent (--persistent): the packed path in a persistent grid whose programs walk the
-    tiles row-major with a stride of the grid, each loading its next tile's four slabs
-    before it quantizes and stores the current one (PREFETCH=1; 0 loads each tile when
-    its turn comes), so that a tile's loads are in flight while the previous one is
-    quantized and transposed. Checked bit for bit against the library kernel (both copies
-    and the column-wise one), then timed over programs per multiprocessor and warps.
+  persistent (--persistent): the library kernel's PERSISTENT path (the packed path over a
+    persistent grid whose programs walk the tiles row-major with a stride of the grid, each
+    loading its next tile's four slabs before it quantizes and stores the current one),
+    checked bit for bit against the packed path one tile a program (both copies and the
+    column-wise one), then timed over programs per multiprocessor and warps.
     ``--device cpu`` under TRITON_INTERPRET=1 runs the checks only, at a small shape with
     partial tiles.
 """
@@ -37,52 +36,7 @@ import triton.testing
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "triton_src"))
 import fp8_quantize as K  # noqa: E402
-from _common import fp8_store_packed  # noqa: E402
 from fp8_quantize import _quantize, _scale  # noqa: E402
-
-
-@triton.jit
-def _raw_rows(x_ptr, rows, cols, M, K):
-    """x[rows, cols] in x's dtype (fp8_quantize's _rows without the fp32 conversion, so that a
-    prefetched tile holds half the registers); 0 outside the matrix."""
-    mask = (rows < M)[:, None] & (cols < K)[None, :]
-    return tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
-
-
-@triton.jit
-def _slabs(x_ptr, t, nkb, M, K, R: tl.constexpr, TILE_K: tl.constexpr):
-    """Tile t's four slabs (rows 4i + j) in x's dtype, 0 outside the matrix (a t past the
-    last tile reads nothing)."""
-    grp = (t // nkb).to(tl.int64) * R + tl.arange(0, R)
-    cols = (t % nkb).to(tl.int64) * TILE_K + tl.arange(0, TILE_K)
-    return (_raw_rows(x_ptr, 4 * grp, cols, M, K), _raw_rows(x_ptr, 4 * grp + 1, cols, M, K),
-            _raw_rows(x_ptr, 4 * grp + 2, cols, M, K), _raw_rows(x_ptr, 4 * grp + 3, cols, M, K))
-
-
-@triton.jit
-def persistent_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, want_row, want_col,
-                             pow2, TILE_M: tl.constexpr, TILE_K: tl.constexpr,
-                             PREFETCH: tl.constexpr):
-    """The library's packed 1 x 128 path over a persistent grid (see the module docstring)."""
-    R: tl.constexpr = TILE_M // 4
-    pid = tl.program_id(0)
-    step = tl.num_programs(0)
-    nkb = tl.cdiv(K, TILE_K)
-    ntiles = tl.cdiv(M, TILE_M) * nkb
-    x0, x1, x2, x3 = _slabs(x_ptr, pid, nkb, M, K, R, TILE_K)
-    for t in range(pid, ntiles, step):
-        if PREFETCH:
-            c0, c1, c2, c3 = x0, x1, x2, x3
-            x0, x1, x2, x3 = _slabs(x_ptr, t + step, nkb, M, K, R, TILE_K)
-        else:
-            c0, c1, c2, c3 = _slabs(x_ptr, t, nkb, M, K, R, TILE_K)
-        rb = t // nkb
-        cb = t % nkb
-        grp = rb.to(tl.int64) * R + tl.arange(0, R)
-        cols = cb.to(tl.int64) * TILE_K + tl.arange(0, TILE_K)
-        fp8_store_packed(c0.to(tl.float32), c1.to(tl.float32), c2.to(tl.float32),
-                         c3.to(tl.float32), grp, cols, M, K, rb, cb, q_ptr, s_ptr, qt_ptr,
-                         st_ptr, want_row, want_col, pow2)
 
 
 @triton.jit
@@ -195,9 +149,9 @@ def main():
     ap.add_argument("--forms", action="store_true", help="the candidate forms only")
     ap.add_argument("--packed", action="store_true", help="the packed form and the AOT tiles")
     ap.add_argument("--persistent", action="store_true",
-                    help="the packed path over a persistent grid, with and without prefetch")
+                    help="the packed path over a persistent grid (PERSISTENT)")
     ap.add_argument("--device", default="cuda",
-                    help="cpu (under TRITON_INTERPRET=1): the persistent form's checks only")
+                    help="cpu (under TRITON_INTERPRET=1): the persistent path's checks only")
     args = ap.parse_args()
     m, k = args.rows, args.cols
     if args.device != "cuda":
@@ -319,8 +273,8 @@ def packed(x, q, s, qt, st, m, k, traffic, report):
 
 
 def persistent(x, m, k, traffic, report, cpu=False):
-    """The persistent packed form against the library kernel at each form's tile: equal
-    outputs (every byte, including the partial tiles of the CPU shape), then times."""
+    """The PERSISTENT path against the packed path at each form's tile: equal outputs (every
+    byte, including the partial tiles of the CPU shape), then times."""
     dev = "cpu" if cpu else "cuda"
     if cpu:
         torch.manual_seed(0)
@@ -343,34 +297,32 @@ def persistent(x, m, k, traffic, report, cpu=False):
         ref = bufs()
         K.fp8_quantize_kernel[(triton.cdiv(m, tm), triton.cdiv(k, tk))](
             x, *ref, m, k, 0, row, 1, 0, TILE_M=tm, TILE_K=tk, PACKED=1)
-        for pre in (0, 1):
-            for progs in ((3, ntiles) if cpu else (sms, 2 * sms, 3 * sms, 4 * sms)):
-                got = bufs()
-                persistent_packed_kernel[(progs,)](x, *got, m, k, row, 1, 0, TILE_M=tm,
-                                                   TILE_K=tk, PREFETCH=pre)
-                same = all(torch.equal(a.view(torch.uint8) if a.dtype == f8 else a,
-                                       b.view(torch.uint8) if b.dtype == f8 else b)
-                           for a, b in zip(ref, got))
-                print(f"{layout:10s} persistent PREFETCH={pre} {progs} programs equal to the "
-                      f"library: {same}", flush=True)
-                if not same:
-                    raise SystemExit("persistent form WRONG")
+        for progs in ((3, ntiles) if cpu else (sms, 2 * sms, 3 * sms, 4 * sms)):
+            got = bufs()
+            K.fp8_quantize_kernel[(progs,)](x, *got, m, k, 0, row, 1, 0, TILE_M=tm, TILE_K=tk,
+                                            PACKED=1, PERSISTENT=1)
+            same = all(torch.equal(a.view(torch.uint8) if a.dtype == f8 else a,
+                                   b.view(torch.uint8) if b.dtype == f8 else b)
+                       for a, b in zip(ref, got))
+            print(f"{layout:10s} persistent {progs} programs equal to the packed path: {same}",
+                  flush=True)
+            if not same:
+                raise SystemExit("persistent path WRONG")
         if cpu:
             continue
         q, s, qt, st = bufs()
         g = (triton.cdiv(m, tm), triton.cdiv(k, tk))
-        report(f"{layout:10s} library TILE={tm}x{tk} packed",
+        report(f"{layout:10s} packed TILE={tm}x{tk} one tile a program",
                lambda: K.fp8_quantize_kernel[g](x, q, s, qt, st, m, k, 0, row, 1, 0, TILE_M=tm,
                                                 TILE_K=tk, PACKED=1,
                                                 num_warps=K.PACKED_WARPS[flag]),
                traffic(row, 1))
-        for pre in (1, 0):
-            for per_sm in (1, 2, 3, 4, 6):
-                for w in (2, 4, 8, 16):
-                    report(f"{layout:10s} persistent PREFETCH={pre} {per_sm}/SM warps={w:2d}",
-                           lambda: persistent_packed_kernel[(per_sm * sms,)](
-                               x, q, s, qt, st, m, k, row, 1, 0, TILE_M=tm, TILE_K=tk,
-                               PREFETCH=pre, num_warps=w), traffic(row, 1))
+        for per_sm in (1, 2, 3, 4, 6):
+            for w in (2, 4, 8, 16):
+                report(f"{layout:10s} persistent {per_sm}/SM warps={w:2d}",
+                       lambda: K.fp8_quantize_kernel[(min(ntiles, per_sm * sms),)](
+                           x, q, s, qt, st, m, k, 0, row, 1, 0, TILE_M=tm, TILE_K=tk,
+                           PACKED=1, PERSISTENT=1, num_warps=w), traffic(row, 1))
 
 
 if __name__ == "__main__":

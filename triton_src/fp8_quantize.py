@@ -15,7 +15,9 @@ column-wise one alone; FORMS):
 ``want_row`` / ``want_col`` choose which copies are written. The aligned variants of the
 1 x 128 forms with a column-wise copy (PACKED) read the tile as four slabs of interleaved
 rows and store that copy as 32-bit words of four rows' float8 bytes: the same bytes, with a
-quarter as many elements through the transpose. Scale of a block with amax
+quarter as many elements through the transpose; the one writing both copies runs over a
+persistent grid, each program loading its next tile while it quantizes the current one
+(PERSISTENT). Scale of a block with amax
 a = max |x|: s = max(a / 448, 2^-126) (a correctly rounded fp32 division), 1.0 for an
 all-zero block, rounded up to a power of two when ``pow2 != 0``, NaN when the block holds
 an inf or a NaN.
@@ -53,27 +55,48 @@ FORMS = ((0, 128, 128, 8), (FLAG_ROWS, 32, 128, 4), (FLAG_COLS, 128, 32, 4),
 # --packed, H100, 8192 x 4096 bf16: both 113.9 -> 104.4 us, column-wise 75.9 -> 56.2 us;
 # benchmarks/NOTES.md v17).
 PACKED_WARPS = {0: 8, FLAG_COLS: 2}
+# Packed forms run over a persistent grid of this many programs per multiprocessor
+# (PERSISTENT; the launcher reads it from the variant): both copies, 1 per SM at 8 warps,
+# 104.7 -> 91.0 us under the JIT (H100, 8192 x 4096 bf16; benchmarks/NOTES.md v21). The
+# column-wise copy alone stays one tile a program (56.7 us against 69.8 at best).
+PERSISTENT_PER_SM = {0: 1}
+
+
+@triton.jit
+def _load(x_ptr, rows, cols, M, K):
+    """x[rows, cols] in x's dtype; 0 outside the matrix (nothing is read there)."""
+    mask = (rows < M)[:, None] & (cols < K)[None, :]
+    return tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
 def _rows(x_ptr, rows, cols, M, K):
     """x[rows, cols] in fp32; 0 outside the matrix."""
-    mask = (rows < M)[:, None] & (cols < K)[None, :]
-    return tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    return _load(x_ptr, rows, cols, M, K).to(tl.float32)
 
 
 @triton.jit
-def _packed_1x128(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, want_row, want_col, pow2, rb, cb,
-                  TILE_M: tl.constexpr, TILE_K: tl.constexpr):
-    """1 x 128 blocks with the column-wise copy written in 32-bit words
-    (_common.fp8_store_packed): the tile is read as four slabs of rows 4i + j."""
+def _slabs(x_ptr, rb, cb, M, K, TILE_M: tl.constexpr, TILE_K: tl.constexpr):
+    """Tile (rb, cb)'s four slabs, rows 4i + j of its TILE_M rows, in x's dtype (a tile past
+    the matrix reads nothing)."""
     R: tl.constexpr = TILE_M // 4
     grp = rb.to(tl.int64) * R + tl.arange(0, R)  # word index along M
     cols = cb.to(tl.int64) * TILE_K + tl.arange(0, TILE_K)
-    fp8_store_packed(_rows(x_ptr, 4 * grp, cols, M, K), _rows(x_ptr, 4 * grp + 1, cols, M, K),
-                     _rows(x_ptr, 4 * grp + 2, cols, M, K), _rows(x_ptr, 4 * grp + 3, cols, M, K),
-                     grp, cols, M, K, rb, cb, q_ptr, s_ptr, qt_ptr, st_ptr, want_row, want_col,
-                     pow2)
+    return (_load(x_ptr, 4 * grp, cols, M, K), _load(x_ptr, 4 * grp + 1, cols, M, K),
+            _load(x_ptr, 4 * grp + 2, cols, M, K), _load(x_ptr, 4 * grp + 3, cols, M, K))
+
+
+@triton.jit
+def _packed_1x128(x0, x1, x2, x3, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, want_row, want_col,
+                  pow2, rb, cb, TILE_M: tl.constexpr, TILE_K: tl.constexpr):
+    """1 x 128 blocks of tile (rb, cb), given as its four slabs (_slabs), with the
+    column-wise copy written in 32-bit words (_common.fp8_store_packed)."""
+    R: tl.constexpr = TILE_M // 4
+    grp = rb.to(tl.int64) * R + tl.arange(0, R)
+    cols = cb.to(tl.int64) * TILE_K + tl.arange(0, TILE_K)
+    fp8_store_packed(x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32),
+                     x3.to(tl.float32), grp, cols, M, K, rb, cb, q_ptr, s_ptr, qt_ptr, st_ptr,
+                     want_row, want_col, pow2)
 
 
 @triton.jit
@@ -112,15 +135,32 @@ def _plain(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_row, want_col
 @triton.jit
 def fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_row, want_col,
                         pow2, TILE_M: tl.constexpr, TILE_K: tl.constexpr,
-                        PACKED: tl.constexpr = 0):
-    rb = tl.program_id(0)
-    cb = tl.program_id(1)
-    if PACKED:  # 1 x 128 blocks only (the launcher's forms)
-        _packed_1x128(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, want_row, want_col, pow2, rb,
-                      cb, TILE_M, TILE_K)
+                        PACKED: tl.constexpr = 0, PERSISTENT: tl.constexpr = 0):
+    if PERSISTENT:
+        # The PACKED path over a persistent grid: program p walks tiles p, p + P, ...
+        # (row-major) and loads its next tile's slabs before it quantizes and stores the
+        # current one, so those loads are in flight meanwhile.
+        pid = tl.program_id(0)
+        step = tl.num_programs(0)
+        nkb = tl.cdiv(K, TILE_K)
+        ntiles = tl.cdiv(M, TILE_M) * nkb
+        n0, n1, n2, n3 = _slabs(x_ptr, pid // nkb, pid % nkb, M, K, TILE_M, TILE_K)
+        for t in range(pid, ntiles, step):
+            c0, c1, c2, c3 = n0, n1, n2, n3
+            n0, n1, n2, n3 = _slabs(x_ptr, (t + step) // nkb, (t + step) % nkb, M, K, TILE_M,
+                                    TILE_K)
+            _packed_1x128(c0, c1, c2, c3, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, want_row,
+                          want_col, pow2, t // nkb, t % nkb, TILE_M, TILE_K)
     else:
-        _plain(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_row, want_col, pow2, rb,
-               cb, TILE_M, TILE_K)
+        rb = tl.program_id(0)
+        cb = tl.program_id(1)
+        if PACKED:  # 1 x 128 blocks only (the launcher's forms)
+            x0, x1, x2, x3 = _slabs(x_ptr, rb, cb, M, K, TILE_M, TILE_K)
+            _packed_1x128(x0, x1, x2, x3, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, want_row,
+                          want_col, pow2, rb, cb, TILE_M, TILE_K)
+        else:
+            _plain(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_row, want_col, pow2,
+                   rb, cb, TILE_M, TILE_K)
 
 
 _ARGS = ("x_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "M", "K", "weight", "want_row",
@@ -136,7 +176,8 @@ def variants(arch: int) -> list:
     out = []
     for dt in DTYPES:
         sig = {a: _TYPES.get(a, f"*{dt}") for a in _ARGS}
-        sig.update({"TILE_M": "constexpr", "TILE_K": "constexpr", "PACKED": "constexpr"})
+        sig.update({"TILE_M": "constexpr", "TILE_K": "constexpr", "PACKED": "constexpr",
+                    "PERSISTENT": "constexpr"})
         # FLAG_ALIGNED: M and K multiples of 16 and x 16-byte aligned, so that the loads and
         # the float8 stores (one byte each otherwise) are 16 bytes wide.
         for form, tile_m, tile_k, warps in FORMS:
@@ -146,7 +187,9 @@ def variants(arch: int) -> list:
                 out.append(Variant(family="fp8_quantize", kernel="fp8_quantize_kernel",
                                    dtype=dt, block=TILE, signature=sig,
                                    constexprs={"TILE_M": tile_m, "TILE_K": tile_k,
-                                               "PACKED": packed},
+                                               "PACKED": packed,
+                                               "PERSISTENT": PERSISTENT_PER_SM.get(form, 0)
+                                               if packed else 0},
                                    num_warps=PACKED_WARPS[form] if packed else warps,
                                    flags=flags,
                                    divisible_by_16=aligned_args(sig, flags, ("M", "K"))))

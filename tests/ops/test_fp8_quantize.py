@@ -128,6 +128,32 @@ def test_interpreter_packed_path(dtype, form, pow2, shape):
     packed_same(launch, m, k, want_row)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["both", "cols"])
+@pytest.mark.parametrize("programs", [1, 3, "tiles"])
+@pytest.mark.parametrize("shape", [(256, 384), (144, 128), "special"])
+def test_interpreter_persistent_path(dtype, form, programs, shape):
+    """The PERSISTENT path (the PACKED path over a persistent grid, each program loading its
+    next tile ahead) writes the same bytes as the PACKED path one tile a program: programs
+    walking several tiles (uneven counts among them), and one program a tile."""
+    mod = load_triton_src("fp8_quantize")
+    x = special_input(dtype) if shape == "special" else randn(*shape, dtype=dtype, scale=3.0)
+    if shape == "special":
+        x = x[:x.shape[0] // 16 * 16]
+    m, k = x.shape
+    flag = {"both": 0, "cols": mod.FLAG_COLS}[form]
+    _, tile_m, tile_k, _ = next(f for f in mod.FORMS if f[0] == flag)
+    want_row = int(form == "both")
+    tiles = cdiv(m, tile_m) * cdiv(k, tile_k)
+    grid = tiles if programs == "tiles" else min(programs, tiles)
+
+    def launch(persistent, q, s, qt, st):  # packed_same's flag chooses the grid here
+        g = (grid,) if persistent else (cdiv(m, tile_m), cdiv(k, tile_k))
+        mod.fp8_quantize_kernel[g](x, q, s, qt, st, m, k, 0, want_row, 1, 0, TILE_M=tile_m,
+                                   TILE_K=tile_k, PACKED=1, PERSISTENT=persistent)
+    packed_same(launch, m, k, want_row)
+
+
 def test_variants_cover_every_dtype():
     """sm_90 and newer: per input dtype, one float8 variant per form and alignment; sm_80
     (which serves all of 8.x): none, so the launcher's capability check is what an 8.x GPU
@@ -148,6 +174,9 @@ def test_variants_cover_every_dtype():
             # the word stores need M % 4 == 0: aligned variants of 1 x 128 forms with qt only
             assert v.constexprs["PACKED"] == int(bool(v.flags & 1) and form[0] in (
                 0, mod.FLAG_COLS))
+            # the persistent grid: packed variants of both copies only
+            assert v.constexprs["PERSISTENT"] == int(v.constexprs["PACKED"] == 1
+                                                     and form[0] == 0)
 
 
 # --- level 2: the CPU backend -----------------------------------------------------------

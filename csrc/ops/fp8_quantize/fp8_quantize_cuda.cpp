@@ -1,10 +1,11 @@
 // CUDA kernel of fk::fp8_quantize: AOT-compiled Triton (triton_src/fp8_quantize.py). One
 // launch over the tiles of x reads x once and writes every copy asked for; the tile depends
 // on the form (FORMS there): 128 x 128, or 32 x 128 / 128 x 32 for one copy of 1 x 128
-// blocks.
+// blocks. Variants with PERSISTENT > 0 walk the tiles over a persistent grid instead.
 #include "ops/fp8_quantize/fp8_quantize.h"
 #include "runtime/checks.h"
 #include "runtime/kernels.h"
+#include "runtime/rows.h"
 
 namespace fk::ops {
 namespace {
@@ -72,7 +73,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cuda(Tensor x, int64_t b
       .ptr(want.columnwise ? qt : q_any).ptr(want.columnwise ? st : s_any)
       .i64(m).i64(k).i32(weight ? 1 : 0).i32(want.rowwise ? 1 : 0)
       .i32(want.columnwise ? 1 : 0).i32(pow2_scales ? 1 : 0);
-  runtime::launch(op, kern, x.device(), {tiles_m, tiles_k, 1}, args);
+  // A variant with PERSISTENT = n runs n programs per multiprocessor, each walking the
+  // tiles with a stride of the grid (at most one program a tile).
+  if (const int64_t per_sm = kern.constexpr_value("PERSISTENT"); per_sm > 0) {
+    const int64_t programs =
+        runtime::persistent_grid(tiles_m * tiles_k, x.device(), per_sm).programs;
+    runtime::launch(op, kern, x.device(), {programs, 1, 1}, args);
+  } else {
+    runtime::launch(op, kern, x.device(), {tiles_m, tiles_k, 1}, args);
+  }
   return {q, s, qt, st};
 }
 
