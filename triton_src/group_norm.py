@@ -30,9 +30,7 @@ than 2^31 elements); the group's base offset is int64.
 Kernels:
   group_norm_fwd_kernel     persistent over groups: statistics pass, then normalize pass.
   group_norm_bwd_kernel     persistent over groups: S_c / D_c pass (stored per (b, c)),
-                            then dx pass (skipped when ``want_dx`` is 0); each pass loads
-                            its next tile before using the current one (196 -> 176 us at
-                            the shape above on an H100, benchmarks/NOTES.md v21).
+                            then dx pass (skipped when ``want_dx`` is 0).
   group_norm_reduce_kernel  dw / db = sums over the batch of the (B, C) partials.
 """
 import triton
@@ -97,47 +95,10 @@ def group_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, groups
 
 
 @triton.jit
-def _load_tile(g_ptr, k, valid, nh, Cg, HW, ci, hi, BLOCK_C: tl.constexpr,
-               BLOCK_HW: tl.constexpr, POLICY: tl.constexpr):
-    """Tile k (channel-major: nh position tiles per channel block) of a group in its stored
-    dtype; 0 outside the group and where ``valid`` is false (no memory is read then)."""
-    cc = (k // nh) * BLOCK_C + ci
-    hh = (k % nh) * BLOCK_HW + hi
-    mask = (cc < Cg)[:, None] & (hh < HW)[None, :] & valid
-    return tl.load(g_ptr + cc[:, None] * HW + hh[None, :], mask=mask, other=0.0,
-                   eviction_policy=POLICY)
-
-
-@triton.jit
-def _block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w):
-    """Stores a channel block's S_c / D_c partials; returns its shares of A and Bs."""
-    sc = tl.sum(acc_s, axis=1)
-    dc = tl.sum(acc_d, axis=1)
-    tl.store(pg + cc, sc, mask=cmask)
-    tl.store(pg + plane + cc, dc, mask=cmask)
-    w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
-    w = tl.where(cmask, w, 0.0)
-    return tl.sum(w * sc), tl.sum(w * dc)
-
-
-@triton.jit
-def _dx_tile(x, dy, mean, rstd, ka, kb, w_ptr, ch0, cc, cmask, has_w):
-    """dx of one tile (fp32) from x and dy (fp32) and the group's ka = A / L, kb = Bs / L."""
-    w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
-    xhat = (x - mean) * rstd
-    return rstd * (dy * w[:, None] - (xhat * ka + kb))
-
-
-@triton.jit
 def group_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr, groups,
                           G, Cg, HW, has_w, want_dx, BLOCK_C: tl.constexpr,
                           BLOCK_HW: tl.constexpr):
-    """partial: fp32 (2, B * C): S_c then D_c per (batch, channel), written for every group.
-
-    Each pass walks the group's tiles in one loop (k over channel blocks x position tiles)
-    and loads tile k + 1 of x and dy before it uses tile k, so a program's next loads are in
-    flight while it sums or writes the current tile (Triton does not pipeline these loads;
-    num_stages changes nothing)."""
+    """partial: fp32 (2, B * C): S_c then D_c per (batch, channel), written for every group."""
     dtype = dx_ptr.dtype.element_ty
     pid = tl.program_id(0)
     step = tl.num_programs(0)
@@ -147,8 +108,6 @@ def group_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, part
     n64 = n.to(tl.int64)
     inv_n = 1.0 / n.to(tl.float32)
     plane = groups.to(tl.int64) * Cg
-    nh = tl.cdiv(HW, BLOCK_HW)
-    nt = tl.cdiv(Cg, BLOCK_C) * nh
     for grp in range(pid, groups, step):
         base = grp * n64
         xg = x_ptr + base
@@ -160,49 +119,50 @@ def group_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, part
         pg = partial_ptr + grp * Cg.to(tl.int64)
         a = 0.0
         bs = 0.0
-        acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-        acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-        nx = _load_tile(xg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
-        ndy = _load_tile(dyg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
-        for k in range(0, nt):
-            cx = nx
-            cdy = ndy
-            nx = _load_tile(xg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
-                            "evict_last")
-            ndy = _load_tile(dyg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
-                             "evict_last")
-            cc = (k // nh) * BLOCK_C + ci
+        for c0 in range(0, Cg, BLOCK_C):
+            cc = c0 + ci
             cmask = cc < Cg
-            hh = (k % nh) * BLOCK_HW + hi
-            mask = cmask[:, None] & (hh < HW)[None, :]
-            d = cdy.to(tl.float32)
-            acc_s += d * tl.where(mask, (cx.to(tl.float32) - mean) * rstd, 0.0)
-            acc_d += d
-            if k % nh == nh - 1:  # the channel block's last tile: its sums are complete
-                da, db = _block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w)
-                a += da
-                bs += db
-                acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-                acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
+            rows = cc[:, None] * HW
+            acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
+            acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
+            for h0 in range(0, HW, BLOCK_HW):
+                hh = h0 + hi
+                mask = cmask[:, None] & (hh < HW)[None, :]
+                offs = rows + hh[None, :]
+                x = tl.load(xg + offs, mask=mask, other=0.0,
+                            eviction_policy="evict_last").to(tl.float32)
+                dy = tl.load(dyg + offs, mask=mask, other=0.0,
+                             eviction_policy="evict_last").to(tl.float32)
+                acc_s += dy * tl.where(mask, (x - mean) * rstd, 0.0)
+                acc_d += dy
+            sc = tl.sum(acc_s, axis=1)
+            dc = tl.sum(acc_d, axis=1)
+            tl.store(pg + cc, sc, mask=cmask)
+            tl.store(pg + plane + cc, dc, mask=cmask)
+            w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
+            w = tl.where(cmask, w, 0.0)
+            a += tl.sum(w * sc)
+            bs += tl.sum(w * dc)
         if want_dx != 0:
             ka = a * inv_n
             kb = bs * inv_n
-            nx = _load_tile(xg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
-            ndy = _load_tile(dyg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
-            for k in range(0, nt):
-                cx = nx
-                cdy = ndy
-                nx = _load_tile(xg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
-                                "evict_first")
-                ndy = _load_tile(dyg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C,
-                                 BLOCK_HW, "evict_first")
-                cc = (k // nh) * BLOCK_C + ci
+            for c0 in range(0, Cg, BLOCK_C):
+                cc = c0 + ci
                 cmask = cc < Cg
-                hh = (k % nh) * BLOCK_HW + hi
-                mask = cmask[:, None] & (hh < HW)[None, :]
-                dx = _dx_tile(cx.to(tl.float32), cdy.to(tl.float32), mean, rstd, ka, kb, w_ptr,
-                              ch0, cc, cmask, has_w)
-                tl.store(dxg + cc[:, None] * HW + hh[None, :], dx.to(dtype), mask=mask)
+                w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0),
+                            other=1.0).to(tl.float32)
+                rows = cc[:, None] * HW
+                for h0 in range(0, HW, BLOCK_HW):
+                    hh = h0 + hi
+                    mask = cmask[:, None] & (hh < HW)[None, :]
+                    offs = rows + hh[None, :]
+                    x = tl.load(xg + offs, mask=mask, other=0.0,
+                                eviction_policy="evict_first").to(tl.float32)
+                    dy = tl.load(dyg + offs, mask=mask, other=0.0,
+                                 eviction_policy="evict_first").to(tl.float32)
+                    xhat = (x - mean) * rstd
+                    dx = rstd * (dy * w[:, None] - (xhat * ka + kb))
+                    tl.store(dxg + offs, dx.to(dtype), mask=mask)
 
 
 @triton.jit

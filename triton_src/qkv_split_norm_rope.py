@@ -147,10 +147,6 @@ def qkv_split_norm_rope_fwd_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo
         rot = 2 * half
         w_ptr = tl.where(kind == 0, qw_ptr, kw_ptr)
         do_norm = tl.where(kind == 0, mode & HAS_QW, mode & HAS_KW)
-        # cos / sin (L2-resident: every head of a token reads them) are loaded before the
-        # rows, so both are in flight together rather than after the rows' statistics.
-        c1, c2, s1, s2 = _cos_sin(cos_ptr, sin_ptr, b, s, cos_sb, cos_ss, half, c2_off,
-                                  tmask, HB)
         _p1, m1, x1 = _chunk(qkv_ptr, in_rows, mask, 0, half, HB)
         _p2, m2, x2 = _chunk(qkv_ptr, in_rows + half, mask, 0, half, HB)
         rstd = tl.zeros((BT, BH), dtype=tl.float32)
@@ -163,6 +159,8 @@ def qkv_split_norm_rope_fwd_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo
         rstd = rstd[:, :, None]
         n1 = _normed(x1, rstd, w_ptr, 0, half, do_norm, dtype, HB)
         n2 = _normed(x2, rstd, w_ptr + half, 0, half, do_norm, dtype, HB)
+        c1, c2, s1, s2 = _cos_sin(cos_ptr, sin_ptr, b, s, cos_sb, cos_ss, half, c2_off,
+                                  tmask, HB)
         o1 = n1 * c1 - n2 * s1
         o2 = n2 * c2 + n1 * s2
         cols = tl.arange(0, HB)[None, None, :]
@@ -277,13 +275,11 @@ _TYPES = {"in_sb": "i64", "in_ss": "i64", "cos_sb": "i64", "cos_ss": "i64", "eps
 _ALIGNED = ("in_sb", "in_ss", "cos_sb", "cos_ss", "D", "half")
 
 # Per half block HB (the smallest power of 2 >= rotary_dim / 2): (BT tokens, BH heads,
-# warps). A tile is BT * BH rows of 2 * HB elements. H100 sweeps
+# warps). A tile is BT * BH rows of 2 * HB elements: 2048 elements. H100 sweep
 # (benchmarks/tune_qkv_split_norm_rope.py, Qwen3-30B-A3B heads, HB 64): forward (16, 2, 4)
-# 84.2 us against 97-120 us for the 4096-element tiles of fk.rope it had; with cos / sin
-# loaded first, (8, 1, 1) 73.2 us against (16, 2, 4) 85.1 (benchmarks/NOTES.md v21; the
-# other HB keep their 2048-element tiles, not measured). Backward (16, 2, 2) at 8 programs
-# per multiprocessor 120.7 us (the CUDA side's persistent grid).
-FWD_TILES = {16: (64, 2, 4), 32: (32, 2, 4), 64: (8, 1, 1), 128: (8, 2, 4)}
+# 84.2 us against 97-120 us for the 4096-element tiles of fk.rope it had; backward (16, 2, 2)
+# at 8 programs per multiprocessor 120.7 us (the CUDA side's persistent grid).
+FWD_TILES = {16: (64, 2, 4), 32: (32, 2, 4), 64: (16, 2, 4), 128: (8, 2, 4)}
 BWD_TILES = {16: (64, 2, 2), 32: (32, 2, 2), 64: (16, 2, 2), 128: (8, 2, 2)}
 
 
