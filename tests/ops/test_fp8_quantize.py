@@ -102,6 +102,18 @@ def test_interpreter(dtype, form, pow2, shape):
         assert torch.isnan(qt).all() and (st == -1).all()
 
 
+def _packed_case(dtype, form, shape):
+    """(module, x with M a multiple of 16, TILE_M, TILE_K, want_row) of a packed-path test:
+    form "both" (both copies) or "cols" (the column-wise copy alone) at its FORMS tile."""
+    mod = load_triton_src("fp8_quantize")
+    x = special_input(dtype) if shape == "special" else randn(*shape, dtype=dtype, scale=3.0)
+    if shape == "special":
+        x = x[:x.shape[0] // 16 * 16]
+    flag = {"both": 0, "cols": mod.FLAG_COLS}[form]
+    _, tile_m, tile_k, _ = next(f for f in mod.FORMS if f[0] == flag)
+    return mod, x, tile_m, tile_k, int(form == "both")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("form", ["both", "cols"])
 @pytest.mark.parametrize("pow2", [False, True])
@@ -112,14 +124,8 @@ def test_interpreter_packed_path(dtype, form, pow2, shape):
     test_interpreter checks against the reference: float8 outputs on both sides, so both go
     through the interpreter's float8 cast (checked itself on the GPU, test_cuda_matches_cpu,
     where the aligned shapes run the PACKED variants)."""
-    mod = load_triton_src("fp8_quantize")
-    x = special_input(dtype) if shape == "special" else randn(*shape, dtype=dtype, scale=3.0)
-    if shape == "special":
-        x = x[:x.shape[0] // 16 * 16]
+    mod, x, tile_m, tile_k, want_row = _packed_case(dtype, form, shape)
     m, k = x.shape
-    flag = {"both": 0, "cols": mod.FLAG_COLS}[form]
-    _, tile_m, tile_k, _ = next(f for f in mod.FORMS if f[0] == flag)
-    want_row = int(form == "both")
 
     def launch(packed, q, s, qt, st):
         mod.fp8_quantize_kernel[(cdiv(m, tile_m), cdiv(k, tile_k))](
@@ -136,14 +142,8 @@ def test_interpreter_persistent_path(dtype, form, programs, shape):
     """The PERSISTENT path (the PACKED path over a persistent grid, each program loading its
     next tile ahead) writes the same bytes as the PACKED path one tile a program: programs
     walking several tiles (uneven counts among them), and one program a tile."""
-    mod = load_triton_src("fp8_quantize")
-    x = special_input(dtype) if shape == "special" else randn(*shape, dtype=dtype, scale=3.0)
-    if shape == "special":
-        x = x[:x.shape[0] // 16 * 16]
+    mod, x, tile_m, tile_k, want_row = _packed_case(dtype, form, shape)
     m, k = x.shape
-    flag = {"both": 0, "cols": mod.FLAG_COLS}[form]
-    _, tile_m, tile_k, _ = next(f for f in mod.FORMS if f[0] == flag)
-    want_row = int(form == "both")
     tiles = cdiv(m, tile_m) * cdiv(k, tile_k)
     grid = tiles if programs == "tiles" else min(programs, tiles)
 
