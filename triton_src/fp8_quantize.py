@@ -57,8 +57,9 @@ FORMS = ((0, 128, 128, 8), (FLAG_ROWS, 32, 128, 4), (FLAG_COLS, 128, 32, 4),
 PACKED_WARPS = {0: 8, FLAG_COLS: 2}
 # Packed forms run over a persistent grid of this many programs per multiprocessor
 # (PERSISTENT; the launcher reads it from the variant): both copies, 1 per SM at 8 warps,
-# 104.7 -> 91.0 us under the JIT (H100, 8192 x 4096 bf16; benchmarks/NOTES.md v21). The
-# column-wise copy alone stays one tile a program (56.7 us against 69.8 at best).
+# at 8192 x 4096 bf16 0.103 -> 0.091 ms on an H100 and 0.102 -> 0.090 ms on an H200
+# (benchmarks/NOTES.md v21). The column-wise copy alone stays one tile a program (56.7 us
+# against 66.7 at best over a persistent grid, H100).
 PERSISTENT_PER_SM = {0: 1}
 
 
