@@ -36,28 +36,23 @@ def main():
     ap.add_argument("--bt", default="2,4,8,16,32", help="comma-separated tokens per tile")
     ap.add_argument("--bh", default="1,2,4,8", help="comma-separated heads per tile")
     args = ap.parse_args()
-    dev = "cuda"
     t, hq, hkv, d = args.tokens, args.heads, args.kv_heads, args.head_dim
     dt = torch.bfloat16
     n = (hq + 2 * hkv) * d
-    qkv = torch.randn(t, 1, n, device=dev, dtype=dt)
-    qw = torch.rand(d, device=dev, dtype=dt) + 0.5
-    kw = torch.rand(d, device=dev, dtype=dt) + 0.5
-    cos, sin = torch.randn(t, d, device=dev, dtype=dt), torch.randn(t, d, device=dev, dtype=dt)
-    outs = [torch.empty(1, t, h, d, device=dev, dtype=dt) for h in (hq, hkv, hkv)]
+    qkv = torch.randn(t, 1, n, device="cuda", dtype=dt)
+    qw = torch.rand(d, device="cuda", dtype=dt) + 0.5
+    kw = torch.rand(d, device="cuda", dtype=dt) + 0.5
+    cos, sin = torch.randn(t, d, device="cuda", dtype=dt), torch.randn(t, d, device="cuda", dtype=dt)
+    outs = [torch.empty(1, t, h, d, device="cuda", dtype=dt) for h in (hq, hkv, hkv)]
+    grads = [torch.randn_like(o) for o in outs]
+    dqkv = torch.empty_like(qkv)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    parts = [torch.empty(16 * sms, d, device="cuda") for _ in range(2)]
     half = d // 2
     hb = triton.next_power_of_2(half)
     mode = (K.GROUPED.value | K.TOKENS_SB.value | K.HAS_QW.value | K.HAS_KW.value)
     common = (qkv.stride(1), qkv.stride(0), 0, cos.stride(0), 1, t, hq, hkv, d, half, half,
               mode, 1e-6)
-
-    def tiles_of(bt, bh):
-        return triton.cdiv(t, bt) * (triton.cdiv(hq, bh) + 2 * triton.cdiv(hkv, bh))
-
-    grads = [torch.randn_like(o) for o in outs]
-    dqkv = torch.empty_like(qkv)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    parts = [torch.empty(16 * sms, d, device="cuda") for _ in range(2)]
     fwd_bytes = 2 * t * n * 2
     bwd_bytes = 3 * t * n * 2
     results = {"fwd": [], "bwd": []}
@@ -68,7 +63,7 @@ def main():
     for bt, bh, warps in itertools.product(ints(args.bt), ints(args.bh), ints(args.warps)):
         if bt * bh * hb > 16384:
             continue
-        tiles = tiles_of(bt, bh)
+        tiles = triton.cdiv(t, bt) * (triton.cdiv(hq, bh) + 2 * triton.cdiv(hkv, bh))
         ms = bench(lambda: K.qkv_split_norm_rope_fwd_kernel[(tiles,)](
             qkv, qw, kw, cos, sin, *outs, *common, HB=hb, BT=bt, BH=bh, num_warps=warps))
         results["fwd"].append((ms, bt, bh, warps, 0))
