@@ -110,18 +110,6 @@ def group_norm_fwd_form_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, g
 
 
 @triton.jit
-def _gn_block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w):
-    """Stores a channel block's S_c / D_c partials; returns its shares of A and Bs."""
-    sc = tl.sum(acc_s, axis=1)
-    dc = tl.sum(acc_d, axis=1)
-    tl.store(pg + cc, sc, mask=cmask)
-    tl.store(pg + plane + cc, dc, mask=cmask)
-    w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
-    w = tl.where(cmask, w, 0.0)
-    return tl.sum(w * sc), tl.sum(w * dc)
-
-
-@triton.jit
 def group_norm_bwd_form_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
                                groups, G, Cg, HW, has_w, want_dx, BLOCK_C: tl.constexpr,
                                BLOCK_HW: tl.constexpr, REVERSE: tl.constexpr):
@@ -165,7 +153,7 @@ def group_norm_bwd_form_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr,
                              eviction_policy="evict_last").to(tl.float32)
                 acc_s += dy * tl.where(mask, (x - mean) * rstd, 0.0)
                 acc_d += dy
-            da, db = _gn_block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w)
+            da, db = K.block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w)
             a += da
             bs += db
         if want_dx != 0:

@@ -95,6 +95,19 @@ def group_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, groups
 
 
 @triton.jit
+def block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w):
+    """Stores a channel block's S_c / D_c partials (from its [BLOCK_C, BLOCK_HW] fp32
+    accumulators) and returns its shares of A and Bs."""
+    sc = tl.sum(acc_s, axis=1)
+    dc = tl.sum(acc_d, axis=1)
+    tl.store(pg + cc, sc, mask=cmask)
+    tl.store(pg + plane + cc, dc, mask=cmask)
+    w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
+    w = tl.where(cmask, w, 0.0)
+    return tl.sum(w * sc), tl.sum(w * dc)
+
+
+@triton.jit
 def group_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr, groups,
                           G, Cg, HW, has_w, want_dx, BLOCK_C: tl.constexpr,
                           BLOCK_HW: tl.constexpr):
@@ -135,14 +148,9 @@ def group_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, part
                              eviction_policy="evict_last").to(tl.float32)
                 acc_s += dy * tl.where(mask, (x - mean) * rstd, 0.0)
                 acc_d += dy
-            sc = tl.sum(acc_s, axis=1)
-            dc = tl.sum(acc_d, axis=1)
-            tl.store(pg + cc, sc, mask=cmask)
-            tl.store(pg + plane + cc, dc, mask=cmask)
-            w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
-            w = tl.where(cmask, w, 0.0)
-            a += tl.sum(w * sc)
-            bs += tl.sum(w * dc)
+            da, db = block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w)
+            a += da
+            bs += db
         if want_dx != 0:
             ka = a * inv_n
             kb = bs * inv_n

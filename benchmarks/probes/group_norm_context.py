@@ -33,7 +33,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import _tune as T  # noqa: E402
 import group_norm as K  # noqa: E402 (triton_src on the path through _tune)
-from tune_group_norm import _gn_block_sums, library_tile  # noqa: E402
+from tune_group_norm import library_tile  # noqa: E402
 
 
 @triton.jit
@@ -94,7 +94,7 @@ def bwd_prefetch_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partia
             acc_s += d * tl.where(mask, (cx.to(tl.float32) - mean) * rstd, 0.0)
             acc_d += d
             if k % nh == nh - 1:  # the channel block's sums are complete
-                da, db = _gn_block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w)
+                da, db = K.block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w)
                 a += da
                 bs += db
                 acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
