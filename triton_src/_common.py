@@ -17,6 +17,11 @@ FLAG_ALIGNED = 1  # every pointer 16-byte aligned, every row length/stride a mul
 # With FLAG_ALIGNED: the count of rows (tokens) the tiles run over is a multiple of 16 too, and
 # hinted so; the row masks of 16-row tiles are then uniform (benchmarks/NOTES.md v18).
 FLAG_ROWS16 = 256
+# A variant tuned for GPUs whose peak DRAM bandwidth is below 4 TB/s (the H100's HBM3 at
+# 3.35 TB/s, where one sm_90a cubin also serves the H200's HBM3e at 4.8 TB/s). Launchers never
+# ask for it: the runtime's picker takes it in place of the variant with the same flags and
+# block on such a GPU, where the family has one.
+FLAG_LOW_BANDWIDTH = 512
 
 DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -51,6 +52,7 @@ std::string built_archs_text() {
 struct DeviceInfo {
   int capability = 0;
   int sm_count = 0;
+  double bandwidth_gbps = 0;  // peak DRAM bandwidth (0: not reported)
   std::string name;
   CUcontext ctx = nullptr;
 };
@@ -73,11 +75,21 @@ const DeviceInfo& device_info(int device) {
                 "fk: device query");
     FK_CU_CHECK(d.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
                 "fk: device query");
+    // The memory clock (kHz, double data rate) and bus width (bits); a driver that reports
+    // neither leaves the bandwidth unknown, and the default variants run.
+    int mem_khz = 0, bus_bits = 0;
+    if (d.cuDeviceGetAttribute(&mem_khz, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, dev) !=
+            CUDA_SUCCESS ||
+        d.cuDeviceGetAttribute(&bus_bits, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, dev) !=
+            CUDA_SUCCESS) {
+      mem_khz = bus_bits = 0;
+    }
+    const double bandwidth = 2.0 * mem_khz * 1e3 * (bus_bits / 8.0) / 1e9;
     char name[256] = {0};
     FK_CU_CHECK(d.cuDeviceGetName(name, sizeof(name) - 1, dev), "fk: device query");
     CUcontext ctx = nullptr;
     FK_CU_CHECK(d.cuDevicePrimaryCtxRetain(&ctx, dev), "fk: retaining the primary context");
-    infos[device] = DeviceInfo{major * 10 + minor, sms, name, ctx};
+    infos[device] = DeviceInfo{major * 10 + minor, sms, bandwidth, name, ctx};
   });
   return infos[device];
 }
@@ -153,6 +165,19 @@ int arch_for_capability(int major, int minor) {
 int device_capability(int device) { return device_info(device).capability; }
 int device_sm_count(int device) { return device_info(device).sm_count; }
 
+double device_memory_bandwidth_gbps(int device) {
+  static const double forced = [] {
+    const char* v = std::getenv("FK_MEMORY_BANDWIDTH_GBPS");
+    if (v == nullptr || *v == '\0') return -1.0;
+    char* end = nullptr;
+    const double x = std::strtod(v, &end);
+    FK_CHECK(end != v && *end == '\0' && x >= 0, "fk: FK_MEMORY_BANDWIDTH_GBPS must be a ",
+             "number of GB/s, got '", v, "'");
+    return x;
+  }();
+  return forced >= 0 ? forced : device_info(device).bandwidth_gbps;
+}
+
 KernelFamily::KernelFamily(const char* name) : name_(name) {
   for (size_t i = 0; i < kKernelTableSize; ++i) {
     if (name_ == kKernelTable[i].family) specs_.push_back(&kKernelTable[i]);
@@ -171,10 +196,26 @@ const KernelSpec& KernelFamily::pick(const char* op, const Tensor& t, int64_t mi
   FK_CHECK(dt != nullptr, op, ": dtype ", t.scalar_type(),
               " is not supported on CUDA (supported: float32, bfloat16, float16)");
   bool arch_seen = false;
+  const KernelSpec* found = nullptr;
   for (const KernelSpec* k : specs_) {
     if (k->arch != arch) continue;
     arch_seen = true;
-    if (k->flags == flags && k->block >= min_block && std::strcmp(k->dtype, dt) == 0) return *k;
+    if (k->flags == flags && k->block >= min_block && std::strcmp(k->dtype, dt) == 0) {
+      found = k;
+      break;
+    }
+  }
+  if (found != nullptr) {
+    const double gbps = device_memory_bandwidth_gbps(device);
+    if (gbps > 0 && gbps < kLowBandwidthGBps) {
+      for (const KernelSpec* k : specs_) {
+        if (k->arch == arch && k->flags == (flags | kFlagLowBandwidth) &&
+            k->block == found->block && std::strcmp(k->dtype, dt) == 0) {
+          return *k;
+        }
+      }
+    }
+    return *found;
   }
   FK_CHECK(arch_seen, op, ": this build of fk has no kernels for ", info.name,
               " (compute capability ", info.capability / 10, ".", info.capability % 10,

@@ -22,6 +22,11 @@ namespace fk::runtime {
 
 constexpr uint32_t kFlagAligned = 1;  // matches triton_src/_common.py FLAG_ALIGNED
 constexpr uint32_t kFlagRows16 = 256;  // FLAG_ROWS16: with kFlagAligned, rows a multiple of 16
+// FLAG_LOW_BANDWIDTH: a variant tuned for GPUs whose peak DRAM bandwidth is below
+// kLowBandwidthGBps (one cubin serves the H100's 3.35 TB/s and the H200's 4.8 TB/s). Launchers
+// never ask for it: pick() prefers it, where a family has one, on such a GPU.
+constexpr uint32_t kFlagLowBandwidth = 512;
+constexpr double kLowBandwidthGBps = 4000.0;
 
 // The arch whose cubins run on a device of this compute capability (8.x -> 80, else exact).
 int arch_for_capability(int major, int minor);
@@ -30,6 +35,11 @@ int arch_for_capability(int major, int minor);
 int device_capability(int device);
 int device_sm_count(int device);
 
+// Peak DRAM bandwidth of a CUDA device in GB/s (memory clock x bus width x 2), 0 when the
+// driver does not report it. FK_MEMORY_BANDWIDTH_GBPS, read once per process, replaces it for
+// every device (to run or time the variants tuned for another GPU on this one).
+double device_memory_bandwidth_gbps(int device);
+
 // All variants of one kernel family, indexed once.
 class KernelFamily {
  public:
@@ -37,7 +47,8 @@ class KernelFamily {
 
   // The variant for `t`'s dtype and device with exactly `flags` whose block is the
   // smallest >= min_block. Throws a clear error naming `op` when this build has no
-  // kernels for the device, the dtype, or a block that large.
+  // kernels for the device, the dtype, or a block that large. On a GPU below
+  // kLowBandwidthGBps, a variant of that block with flags | kFlagLowBandwidth comes first.
   const KernelSpec& pick(const char* op, const Tensor& t, int64_t min_block,
                          uint32_t flags) const;
 
