@@ -1,12 +1,14 @@
 """Sweep launch configurations of the qkv_split_norm_rope kernels with Triton's JIT (tuning
 only; the library uses the AOT variants in triton_src/qkv_split_norm_rope.py). At one shape
 (Megatron's grouped (S, B, N) qkv, both norm weights, full rotary, bshd outputs) it times the
-forward over tiles of BT tokens x BH heads and warps, and the backward over the same and the
+forward over tiles of BT tokens x BH heads and warps (cos / sin loaded after the rows'
+statistics, or first: COS_FIRST), and the backward over the same and the
 persistent programs per multiprocessor, so the best ones can be written into
-triton_src/qkv_split_norm_rope.py (FWD_TILES, BWD_TILES) and the CUDA dispatch as data.
+triton_src/qkv_split_norm_rope.py (FWD_TILES, FWD_TILES_LOW_BANDWIDTH, BWD_TILES) and the
+CUDA dispatch as data.
 
     python benchmarks/tune_qkv_split_norm_rope.py [--tokens 8192] [--heads 32] [--kv-heads 4]
-                                                  [--head-dim 128] [--top 8]
+                                                  [--head-dim 128] [--top 8] [--cos-first 0,1]
 """
 import argparse
 import itertools
@@ -35,6 +37,7 @@ def main():
     ap.add_argument("--warps", default="1,2,4,8", help="comma-separated warp counts to sweep")
     ap.add_argument("--bt", default="2,4,8,16,32", help="comma-separated tokens per tile")
     ap.add_argument("--bh", default="1,2,4,8", help="comma-separated heads per tile")
+    ap.add_argument("--cos-first", default="0,1", help="forward forms: COS_FIRST 0 and / or 1")
     args = ap.parse_args()
     t, hq, hkv, d = args.tokens, args.heads, args.kv_heads, args.head_dim
     dt = torch.bfloat16
@@ -64,24 +67,29 @@ def main():
         if bt * bh * hb > 16384:
             continue
         tiles = triton.cdiv(t, bt) * (triton.cdiv(hq, bh) + 2 * triton.cdiv(hkv, bh))
-        ms = bench(lambda: K.qkv_split_norm_rope_fwd_kernel[(tiles,)](
-            qkv, qw, kw, cos, sin, *outs, *common, HB=hb, BT=bt, BH=bh, num_warps=warps))
-        results["fwd"].append((ms, bt, bh, warps, 0))
-        print(f"fwd BT {bt:2d} BH {bh} warps {warps}: {ms * 1e3:8.1f} us", flush=True)
+        for cf in ints(args.cos_first):
+            ms = bench(lambda: K.qkv_split_norm_rope_fwd_kernel[(tiles,)](
+                qkv, qw, kw, cos, sin, *outs, *common, HB=hb, BT=bt, BH=bh, COS_FIRST=cf,
+                num_warps=warps))
+            results["fwd"].append((ms, bt, bh, warps, 0, cf))
+            print(f"fwd BT {bt:2d} BH {bh} warps {warps} COS_FIRST {cf}: {ms * 1e3:8.1f} us",
+                  flush=True)
         for per_sm in (1, 2, 4, 8, 16):
             progs = min(tiles, per_sm * sms)
             ms = bench(lambda: K.qkv_split_norm_rope_bwd_kernel[(progs,)](
                 *grads, qkv, qw, kw, cos, sin, dqkv, *parts, *common, HB=hb, BT=bt, BH=bh,
                 num_warps=warps))
-            results["bwd"].append((ms, bt, bh, warps, per_sm))
+            results["bwd"].append((ms, bt, bh, warps, per_sm, None))
             print(f"bwd BT {bt:2d} BH {bh} warps {warps} programs/SM {per_sm:2d}: "
                   f"{ms * 1e3:8.1f} us", flush=True)
     name = torch.cuda.get_device_name(0)
     for kind, nbytes in (("fwd", fwd_bytes), ("bwd", bwd_bytes)):
         print(f"{kind}: tokens {t}, heads {hq} + 2 x {hkv}, head_dim {d}, bf16, {name}")
-        for ms, bt, bh, warps, per_sm in sorted(results[kind])[:args.top]:
+        best = sorted(results[kind], key=lambda r: r[0])[:args.top]
+        for ms, bt, bh, warps, per_sm, cf in best:
             print(f"  {ms * 1e3:8.1f} us  {nbytes / ms / 1e6:7.0f} GB/s  BT {bt:2d} BH {bh} "
-                  f"warps {warps}" + (f" programs/SM {per_sm}" if per_sm else ""))
+                  f"warps {warps}" + (f" programs/SM {per_sm}" if per_sm else "")
+                  + (f" COS_FIRST {cf}" if cf is not None else ""))
 
 
 if __name__ == "__main__":

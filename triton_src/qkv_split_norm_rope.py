@@ -33,8 +33,8 @@ Offsets are int64.
 import triton
 import triton.language as tl
 
-from _common import (DTYPES, FLAG_ALIGNED, FLAG_ROWS16, Variant, aligned_args, rms_normalize,
-                     round_to)
+from _common import (DTYPES, FLAG_ALIGNED, FLAG_LOW_BANDWIDTH, FLAG_ROWS16, Variant,
+                     aligned_args, rms_normalize, round_to)
 
 FLAG_COS_FP32 = 2  # cos / sin are float32 (otherwise they have qkv's dtype)
 
@@ -136,7 +136,8 @@ def _copy_rows(src_ptr, src_rows, dst_ptr, dst_rows, mask, D, HB: tl.constexpr):
 def qkv_split_norm_rope_fwd_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
                                    vo_ptr, in_sb, in_ss, cos_sb, cos_ss, B, S, Hq, Hkv, D,
                                    half, c2_off, mode, eps, HB: tl.constexpr,
-                                   BT: tl.constexpr, BH: tl.constexpr):
+                                   BT: tl.constexpr, BH: tl.constexpr,
+                                   COS_FIRST: tl.constexpr):
     dtype = qo_ptr.dtype.element_ty
     kind, in_rows, out_rows, mask, b, s, tmask = _tile(tl.program_id(0), B, S, Hq, Hkv, D, in_sb, in_ss,
                                                 mode, BT, BH)
@@ -147,6 +148,11 @@ def qkv_split_norm_rope_fwd_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo
         rot = 2 * half
         w_ptr = tl.where(kind == 0, qw_ptr, kw_ptr)
         do_norm = tl.where(kind == 0, mode & HAS_QW, mode & HAS_KW)
+        if COS_FIRST:
+            # cos / sin (L2-resident: every head of a token reads them) in flight with the
+            # rows rather than after the rows' statistics.
+            c1, c2, s1, s2 = _cos_sin(cos_ptr, sin_ptr, b, s, cos_sb, cos_ss, half, c2_off,
+                                      tmask, HB)
         _p1, m1, x1 = _chunk(qkv_ptr, in_rows, mask, 0, half, HB)
         _p2, m2, x2 = _chunk(qkv_ptr, in_rows + half, mask, 0, half, HB)
         rstd = tl.zeros((BT, BH), dtype=tl.float32)
@@ -159,8 +165,9 @@ def qkv_split_norm_rope_fwd_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo
         rstd = rstd[:, :, None]
         n1 = _normed(x1, rstd, w_ptr, 0, half, do_norm, dtype, HB)
         n2 = _normed(x2, rstd, w_ptr + half, 0, half, do_norm, dtype, HB)
-        c1, c2, s1, s2 = _cos_sin(cos_ptr, sin_ptr, b, s, cos_sb, cos_ss, half, c2_off,
-                                  tmask, HB)
+        if not COS_FIRST:
+            c1, c2, s1, s2 = _cos_sin(cos_ptr, sin_ptr, b, s, cos_sb, cos_ss, half, c2_off,
+                                      tmask, HB)
         o1 = n1 * c1 - n2 * s1
         o2 = n2 * c2 + n1 * s2
         cols = tl.arange(0, HB)[None, None, :]
@@ -281,6 +288,10 @@ _ALIGNED = ("in_sb", "in_ss", "cos_sb", "cos_ss", "D", "half")
 # at 8 programs per multiprocessor 120.7 us (the CUDA side's persistent grid).
 FWD_TILES = {16: (64, 2, 4), 32: (32, 2, 4), 64: (16, 2, 4), 128: (8, 2, 4)}
 BWD_TILES = {16: (64, 2, 2), 32: (32, 2, 2), 64: (16, 2, 2), 128: (8, 2, 2)}
+# sm_90 GPUs below 4 TB/s (FLAG_LOW_BANDWIDTH: the H100), HB 64: cos / sin loaded first, one
+# warp over 8 tokens x 1 head. As AOT variants (benchmarks/NOTES.md v21): H100 forward
+# 0.0838 -> 0.0816 ms, H200 0.0760 -> 0.0790 (so the H200 keeps FWD_TILES).
+FWD_TILES_LOW_BANDWIDTH = {64: (8, 1, 1)}
 
 
 def _cos_dtypes(dt):
@@ -289,32 +300,39 @@ def _cos_dtypes(dt):
 
 def variants(arch: int) -> list:
     out = []
-    for family, kernel, args, tiles in (
-            ("qkv_split_norm_rope_fwd", "qkv_split_norm_rope_fwd_kernel", FWD_ARGS, FWD_TILES),
-            ("qkv_split_norm_rope_bwd", "qkv_split_norm_rope_bwd_kernel", BWD_ARGS, BWD_TILES)):
+    fwd = [(FWD_TILES, 0, 0)]
+    if arch == 90:
+        fwd.append((FWD_TILES_LOW_BANDWIDTH, FLAG_LOW_BANDWIDTH, 1))
+    for family, kernel, args, configs in (
+            ("qkv_split_norm_rope_fwd", "qkv_split_norm_rope_fwd_kernel", FWD_ARGS, fwd),
+            ("qkv_split_norm_rope_bwd", "qkv_split_norm_rope_bwd_kernel", BWD_ARGS,
+             [(BWD_TILES, 0, None)])):
         for dt in DTYPES:
             for cos_dt in _cos_dtypes(dt):
                 # FLAG_ROWS16: S a multiple of 16, hinted (H200, the benchmark's shape:
                 # forward 94.8 -> 77.6 us under the JIT).
                 for aligned in (0, FLAG_ALIGNED, FLAG_ALIGNED | FLAG_ROWS16):
-                    flags = aligned | (FLAG_COS_FP32 if cos_dt != dt else 0)
                     hints = _ALIGNED + (("S",) if aligned & FLAG_ROWS16 else ())
-                    for hb, (bt, bh, warps) in tiles.items():
-                        sig = {}
-                        for a in args:
-                            if a in _TYPES:
-                                sig[a] = _TYPES[a]
-                            elif a in ("cos_ptr", "sin_ptr"):
-                                sig[a] = f"*{cos_dt}"
-                            elif a.endswith("_ptr"):
-                                sig[a] = f"*{dt}"
-                            else:
-                                sig[a] = "i32"
-                        cx = {"HB": hb, "BT": bt, "BH": bh}
-                        sig.update({c: "constexpr" for c in cx})
-                        out.append(Variant(family=family, kernel=kernel, dtype=dt, block=hb,
-                                           signature=sig, constexprs=cx, num_warps=warps,
-                                           flags=flags,
-                                           divisible_by_16=aligned_args(sig, aligned,
-                                                                        hints)))
+                    for tiles, tuned, cos_first in configs:
+                        flags = aligned | (FLAG_COS_FP32 if cos_dt != dt else 0) | tuned
+                        for hb, (bt, bh, warps) in tiles.items():
+                            sig = {}
+                            for a in args:
+                                if a in _TYPES:
+                                    sig[a] = _TYPES[a]
+                                elif a in ("cos_ptr", "sin_ptr"):
+                                    sig[a] = f"*{cos_dt}"
+                                elif a.endswith("_ptr"):
+                                    sig[a] = f"*{dt}"
+                                else:
+                                    sig[a] = "i32"
+                            cx = {"HB": hb, "BT": bt, "BH": bh}
+                            if cos_first is not None:
+                                cx["COS_FIRST"] = cos_first
+                            sig.update({c: "constexpr" for c in cx})
+                            out.append(Variant(family=family, kernel=kernel, dtype=dt,
+                                               block=hb, signature=sig, constexprs=cx,
+                                               num_warps=warps, flags=flags,
+                                               divisible_by_16=aligned_args(sig, aligned,
+                                                                            hints)))
     return out

@@ -1,6 +1,10 @@
 """fk.qkv_split_norm_rope at every test level: Triton source (interpreter), CPU backend,
 autograd, opcheck, torch.compile, TorchScript, bad input, and the CUDA kernels (marker
 ``cuda``)."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -153,7 +157,8 @@ def _interp_case(case, opts):
 
 @pytest.mark.parametrize("opts", INTERP_OPTIONS, ids=lambda o: f"{str(o[0])[6:]}-{o[1]}-{o[2]}-{o[3]}")
 @pytest.mark.parametrize("case", list(INTERP_CASES))
-def test_interpreter_forward(case, opts):
+@pytest.mark.parametrize("cos_first", [0, 1])
+def test_interpreter_forward(case, opts, cos_first):
     mod = load_triton_src("qkv_split_norm_rope")
     (qkv, qw, kw, cos, sin), (hq, hkv, rot, layout, fmt, il), (hb, bt, bh) = \
         _interp_case(case, opts)
@@ -164,7 +169,8 @@ def test_interpreter_forward(case, opts):
     tiles = cdiv(b * s, bt) * (cdiv(hq, bh) + 2 * cdiv(hkv, bh))
     mod.qkv_split_norm_rope_fwd_kernel[(tiles,)](
         qkv, qkv if qw is None else qw, qkv if kw is None else kw, cos, sin, *outs, in_sb,
-        in_ss, cos_sb, cos_ss, b, s, hq, hkv, d, half, c2_off, mode, 1e-6, HB=hb, BT=bt, BH=bh)
+        in_ss, cos_sb, cos_ss, b, s, hq, hkv, d, half, c2_off, mode, 1e-6, HB=hb, BT=bt, BH=bh,
+        COS_FIRST=cos_first)
     refs = ref_forward(qkv, qw, kw, cos, sin, hq, hkv, 1e-6, rot, layout, fmt, il,
                        cast=round_toward_zero)
     for out, ref, name in zip(outs, refs, "qkv"):
@@ -197,19 +203,34 @@ def test_interpreter_backward(case, opts, programs):
             assert_close(part.sum(0), ref, qkv.dtype, factor=2, what=name)
 
 
-def test_variants_cover_every_dtype_and_flag():
+@pytest.mark.parametrize("arch", [80, 90, 100])
+def test_variants_cover_every_dtype_and_flag(arch):
     """Every dtype has both kernels at every half block, aligned or not (aligned also with S
-    a multiple of 16: 257), with cos / sin of its own dtype and (16-bit dtypes) float32."""
+    a multiple of 16: 257), with cos / sin of its own dtype and (16-bit dtypes) float32; on
+    sm_90 the forward has each of those again for low-bandwidth GPUs (512) at the half
+    blocks of FWD_TILES_LOW_BANDWIDTH, with cos / sin first."""
     mod = load_triton_src("qkv_split_norm_rope")
-    vs = mod.variants(90)
+    vs = mod.variants(arch)
+    low = mod.FLAG_LOW_BANDWIDTH
     for family, tiles in (("qkv_split_norm_rope_fwd", mod.FWD_TILES),
                           ("qkv_split_norm_rope_bwd", mod.BWD_TILES)):
         for dt in ("fp32", "bf16", "fp16"):
             flags = {0, 1, 257} if dt == "fp32" else {0, 1, 257, 2, 3, 259}
             for hb in tiles:
-                got = {v.flags for v in vs if v.family == family and v.dtype == dt
-                       and v.block == hb}
-                assert got == flags, (family, dt, hb, got)
+                want = set(flags)
+                if (arch == 90 and family.endswith("fwd")
+                        and hb in mod.FWD_TILES_LOW_BANDWIDTH):
+                    want |= {f | low for f in flags}
+                got = [v for v in vs if v.family == family and v.dtype == dt and v.block == hb]
+                assert {v.flags for v in got} == want, (family, dt, hb)
+                assert len(got) == len(want)
+                for v in got:
+                    if family.endswith("fwd"):
+                        tile = (mod.FWD_TILES_LOW_BANDWIDTH if v.flags & low else mod.FWD_TILES)[hb]
+                        assert v.constexprs["COS_FIRST"] == (1 if v.flags & low else 0)
+                    else:
+                        tile = mod.BWD_TILES[hb]
+                    assert (v.constexprs["BT"], v.constexprs["BH"], v.num_warps) == tile
 
 
 # --- level 2: the CPU backend against the reference --------------------------------------
@@ -554,6 +575,21 @@ def _check_cuda(inputs, dims, dtype, fmt, il, layout):
 def test_cuda_matches_reference(dtype, name, fmt, il, layout, cos_dtype, cos_batch):
     inputs, dims = _cuda_case(name, dtype, il, cos_dtype, cos_batch)
     _check_cuda(inputs, dims, dtype, fmt, il, layout)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("gbps", ["3000", "5000"])
+def test_cuda_variants_of_both_bandwidths(gbps):
+    """The reference checks at head_dim 128 again with the GPU taken as below / above 4 TB/s
+    (FK_MEMORY_BANDWIDTH_GBPS): on sm_90 the forward runs the low-bandwidth variants in one
+    of the two, whichever GPU this is."""
+    env = dict(os.environ, FK_MEMORY_BANDWIDTH_GBPS=gbps)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-m", "cuda",
+         "-k", "test_cuda_matches_reference and (qwen3 or seq_of_16s or mha_odd)"],
+        env=env, capture_output=True, text=True, cwd=os.path.dirname(__file__))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and "failed" not in run.stdout, run.stdout[-2000:]
 
 
 @pytest.mark.cuda
