@@ -8,9 +8,14 @@
 #   cold   first-call latency in fresh processes (fk, torch.compile, Liger)
 #   bench  the op benchmarks at Llama-3-8B shapes, each twice (the spread is the noise);
 #          BENCH_OPS="rope softmax" (or "rope,softmax") picks some
-#   targets  the kernel issues' target shapes, fwd + bwd (TARGET_OPS="jsd tvd" picks some)
+#   targets  the kernel issues' target shapes, fwd + bwd (TARGET_OPS="jsd tvd" picks some;
+#            TARGET_ARGS is passed on, e.g. "--timer kernels --no-compile")
 #   sweeps   the issues' seed-style tables: Llama-3-8B shapes over 1024-8192 tokens, fwd + bwd
 #            (SWEEP_OPS picks some)
+#   rows     the README's other speed figures (router, MoE, qkv, FP8 and SwiGLU GEMM ops at
+#            their README shapes), each with CUDA events per call, then kernel time where the
+#            benchmark has --timer (ROW_OPS picks some); with bench (BENCH_ARGS="--tokens 8192")
+#            and targets, every README row on this GPU
 #   hf     full training steps of a ~1B Llama (Llama-3.2-1B shape): eager HF, fk, Liger
 #          (benchmarks/benchmark_hf_training.py; HF_ARGS is passed on, e.g. "--batch 4")
 #   compare  this wheel against another build of fk (the wheel in $COMPARE_WHEEL_DIR, e.g.
@@ -109,9 +114,9 @@ if [[ $STEPS == *targets* ]]; then
     local op=$1
     shift
     [[ -z ${TARGET_OPS:-} || " ${TARGET_OPS//,/ } " == *" $op "* ]] || return 0
-    echo "### benchmark_$op.py $*" | tee -a "$OUT/targets_$op.log"
-    python3 benchmarks/benchmark_$op.py --modes full --measure-ceiling --out "$OUT" "$@" 2>&1 \
-      | tee -a "$OUT/targets_$op.log"
+    echo "### benchmark_$op.py $* ${TARGET_ARGS:-}" | tee -a "$OUT/targets_$op.log"
+    python3 benchmarks/benchmark_$op.py --modes full --measure-ceiling --out "$OUT" "$@" \
+      ${TARGET_ARGS:-} 2>&1 | tee -a "$OUT/targets_$op.log"
   }
   for op in jsd kl_div tvd; do
     tgt $op --dtype fp32 --tokens 4096
@@ -126,6 +131,36 @@ if [[ $STEPS == *targets* ]]; then
   tgt llama4_rope --tokens 8192
   tgt qwen2vl_mrope --tokens 8192
   tgt neighborhood_attention --seq-lens 8192,32768 --kernel-sizes 7,49
+fi
+if [[ $STEPS == *rows* ]]; then
+  row() {
+    local op=$1 timers=$2
+    shift 2
+    [[ -z ${ROW_OPS:-} || " ${ROW_OPS//,/ } " == *" $op "* ]] || return 0
+    for timer in $timers; do
+      local t=()
+      [[ $timer == - ]] || t=(--timer "$timer")
+      echo "### benchmark_$op.py $* ${t[*]}" | tee -a "$OUT/rows_$op.log"
+      python3 benchmarks/benchmark_$op.py "$@" "${t[@]}" 2>&1 | tee -a "$OUT/rows_$op.log"
+    done
+  }
+  row router_logits - --tokens 8192
+  row qkv_split_norm_rope "events kernels" --model qwen3_30b_a3b --tokens 8192 --no-compile \
+    --rounds 3 --measure-ceiling --out "$OUT"
+  row gated_group_rms_norm "events kernels" --tokens 8192 --no-compile --rounds 3 \
+    --measure-ceiling --out "$OUT"
+  for moe in linghe qwen3_30b_a3b; do
+    for mop in permute unpermute; do
+      row moe_permute "events kernels" --moe $moe --op $mop --tokens 8192 --rounds 3 \
+        --measure-ceiling --out "$OUT"
+    done
+  done
+  row fp8_quantize "events kernels" --tokens 8192 --layout both --rounds 3 --measure-ceiling \
+    --out "$OUT"
+  row swiglu_fp8 "events kernels" --model llama_3_8b --tokens 8192 --layout both --rounds 3 \
+    --measure-ceiling --out "$OUT"
+  row fp8_linear events --tokens 8192 --rounds 2 --out "$OUT"
+  row swiglu_linear events --tokens 8192 --rounds 3 --out "$OUT"
 fi
 if [[ $STEPS == *sweeps* ]]; then
   # The seed-style tables the kernel issues ask for: Llama-3-8B shapes over 1024-8192 tokens
