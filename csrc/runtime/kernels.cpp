@@ -180,7 +180,10 @@ double device_memory_bandwidth_gbps(int device) {
 
 KernelFamily::KernelFamily(const char* name) : name_(name) {
   for (size_t i = 0; i < kKernelTableSize; ++i) {
-    if (name_ == kKernelTable[i].family) specs_.push_back(&kKernelTable[i]);
+    if (name_ == kKernelTable[i].family) {
+      specs_.push_back(&kKernelTable[i]);
+      has_low_bandwidth_ = has_low_bandwidth_ || (kKernelTable[i].flags & kFlagLowBandwidth);
+    }
   }
   std::sort(specs_.begin(), specs_.end(), [](const KernelSpec* a, const KernelSpec* b) {
     return a->block < b->block;
@@ -206,7 +209,7 @@ const KernelSpec& KernelFamily::pick(const char* op, const Tensor& t, int64_t mi
     }
   }
   if (found != nullptr) {
-    const double gbps = device_memory_bandwidth_gbps(device);
+    const double gbps = has_low_bandwidth_ ? device_memory_bandwidth_gbps(device) : 0;
     if (gbps > 0 && gbps < kLowBandwidthGBps) {
       for (const KernelSpec* k : specs_) {
         if (k->arch == arch && k->flags == (flags | kFlagLowBandwidth) &&

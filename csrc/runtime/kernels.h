@@ -57,7 +57,8 @@ class KernelFamily {
 
  private:
   std::string name_;
-  std::vector<const KernelSpec*> specs_;  // sorted by (arch, dtype, flags, block)
+  std::vector<const KernelSpec*> specs_;  // sorted by block
+  bool has_low_bandwidth_ = false;        // some variant carries kFlagLowBandwidth
 };
 
 const KernelFamily& family(const char* name);
