@@ -206,9 +206,9 @@ def test_interpreter_backward(case, opts, programs):
 @pytest.mark.parametrize("arch", [80, 90, 100])
 def test_variants_cover_every_dtype_and_flag(arch):
     """Every dtype has both kernels at every half block, aligned or not (aligned also with S
-    a multiple of 16: 257), with cos / sin of its own dtype and (16-bit dtypes) float32; on
-    sm_90 the forward has each of those again for low-bandwidth GPUs (512) at the half
-    blocks of FWD_TILES_LOW_BANDWIDTH, with cos / sin first."""
+    a multiple of 16: 257), with cos / sin of its own dtype and (16-bit dtypes) float32; the
+    forward has each of those again for low-bandwidth GPUs (512) at the half blocks of
+    FWD_TILES_LOW_BANDWIDTH, with cos / sin first (on every arch, as every kernel is)."""
     mod = load_triton_src("qkv_split_norm_rope")
     vs = mod.variants(arch)
     low = mod.FLAG_LOW_BANDWIDTH
@@ -218,8 +218,7 @@ def test_variants_cover_every_dtype_and_flag(arch):
             flags = {0, 1, 257} if dt == "fp32" else {0, 1, 257, 2, 3, 259}
             for hb in tiles:
                 want = set(flags)
-                if (arch == 90 and family.endswith("fwd")
-                        and hb in mod.FWD_TILES_LOW_BANDWIDTH):
+                if family.endswith("fwd") and hb in mod.FWD_TILES_LOW_BANDWIDTH:
                     want |= {f | low for f in flags}
                 got = [v for v in vs if v.family == family and v.dtype == dt and v.block == hb]
                 assert {v.flags for v in got} == want, (family, dt, hb)
@@ -581,8 +580,8 @@ def test_cuda_matches_reference(dtype, name, fmt, il, layout, cos_dtype, cos_bat
 @pytest.mark.parametrize("gbps", ["3000", "5000"])
 def test_cuda_variants_of_both_bandwidths(gbps):
     """The reference checks at head_dim 128 again with the GPU taken as below / above 4 TB/s
-    (FK_MEMORY_BANDWIDTH_GBPS): on sm_90 the forward runs the low-bandwidth variants in one
-    of the two, whichever GPU this is."""
+    (FK_MEMORY_BANDWIDTH_GBPS): the forward runs the low-bandwidth variants in one of the
+    two, whichever GPU this is."""
     env = dict(os.environ, FK_MEMORY_BANDWIDTH_GBPS=gbps)
     run = subprocess.run(
         [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-m", "cuda",
