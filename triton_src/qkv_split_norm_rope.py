@@ -300,6 +300,21 @@ def _cos_dtypes(dt):
     return (dt,) if dt == "fp32" else (dt, "fp32")
 
 
+def _signature(args, dt, cos_dt):
+    """Triton types of a kernel's runtime arguments for data of `dt` and cos / sin of `cos_dt`."""
+    sig = {}
+    for a in args:
+        if a in _TYPES:
+            sig[a] = _TYPES[a]
+        elif a in ("cos_ptr", "sin_ptr"):
+            sig[a] = f"*{cos_dt}"
+        elif a.endswith("_ptr"):
+            sig[a] = f"*{dt}"
+        else:
+            sig[a] = "i32"
+    return sig
+
+
 def variants(arch: int) -> list:
     out = []
     fwd = [(FWD_TILES, 0, 0), (FWD_TILES_LOW_BANDWIDTH, FLAG_LOW_BANDWIDTH, 1)]
@@ -309,30 +324,21 @@ def variants(arch: int) -> list:
              [(BWD_TILES, 0, None)])):
         for dt in DTYPES:
             for cos_dt in _cos_dtypes(dt):
+                base = _signature(args, dt, cos_dt)
                 # FLAG_ROWS16: S a multiple of 16, hinted (H200, the benchmark's shape:
                 # forward 94.8 -> 77.6 us under the JIT).
                 for aligned in (0, FLAG_ALIGNED, FLAG_ALIGNED | FLAG_ROWS16):
                     hints = _ALIGNED + (("S",) if aligned & FLAG_ROWS16 else ())
+                    divisible = aligned_args(base, aligned, hints)
                     for tiles, tuned, cos_first in configs:
                         flags = aligned | (FLAG_COS_FP32 if cos_dt != dt else 0) | tuned
                         for hb, (bt, bh, warps) in tiles.items():
-                            sig = {}
-                            for a in args:
-                                if a in _TYPES:
-                                    sig[a] = _TYPES[a]
-                                elif a in ("cos_ptr", "sin_ptr"):
-                                    sig[a] = f"*{cos_dt}"
-                                elif a.endswith("_ptr"):
-                                    sig[a] = f"*{dt}"
-                                else:
-                                    sig[a] = "i32"
                             cx = {"HB": hb, "BT": bt, "BH": bh}
                             if cos_first is not None:
                                 cx["COS_FIRST"] = cos_first
-                            sig.update({c: "constexpr" for c in cx})
+                            sig = {**base, **{c: "constexpr" for c in cx}}
                             out.append(Variant(family=family, kernel=kernel, dtype=dt,
                                                block=hb, signature=sig, constexprs=cx,
                                                num_warps=warps, flags=flags,
-                                               divisible_by_16=aligned_args(sig, aligned,
-                                                                            hints)))
+                                               divisible_by_16=divisible))
     return out
