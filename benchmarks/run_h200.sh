@@ -56,6 +56,15 @@ export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, fk; print(torch.__version__, fk.build_info())" | tee -a "$OUT/gpu.txt"
 rc=0
+# picked "$LIST" op: whether op is in a space- or comma-separated LIST (an empty LIST: all).
+picked() { [[ -z $1 || " ${1//,/ } " == *" $2 "* ]]; }
+# logged LOG op args...: runs benchmarks/benchmark_<op>.py with args, under a header, into LOG.
+logged() {
+  local log=$1 op=$2
+  shift 2
+  echo "### benchmark_$op.py $*" | tee -a "$log"
+  python3 benchmarks/benchmark_$op.py "$@" 2>&1 | tee -a "$log"
+}
 if [[ $STEPS == *tests* ]]; then
   TOPS=tests/ops
   if [[ -n ${TEST_OPS:-} ]]; then
@@ -113,10 +122,9 @@ if [[ $STEPS == *targets* ]]; then
   tgt() {
     local op=$1
     shift
-    [[ -z ${TARGET_OPS:-} || " ${TARGET_OPS//,/ } " == *" $op "* ]] || return 0
-    echo "### benchmark_$op.py $* ${TARGET_ARGS:-}" | tee -a "$OUT/targets_$op.log"
-    python3 benchmarks/benchmark_$op.py --modes full --measure-ceiling --out "$OUT" "$@" \
-      ${TARGET_ARGS:-} 2>&1 | tee -a "$OUT/targets_$op.log"
+    picked "${TARGET_OPS:-}" $op || return 0
+    logged "$OUT/targets_$op.log" $op --modes full --measure-ceiling --out "$OUT" "$@" \
+      ${TARGET_ARGS:-}
   }
   for op in jsd kl_div tvd; do
     tgt $op --dtype fp32 --tokens 4096
@@ -136,12 +144,11 @@ if [[ $STEPS == *rows* ]]; then
   row() {
     local op=$1 timers=$2
     shift 2
-    [[ -z ${ROW_OPS:-} || " ${ROW_OPS//,/ } " == *" $op "* ]] || return 0
+    picked "${ROW_OPS:-}" $op || return 0
     for timer in $timers; do
       local t=()
       [[ $timer == - ]] || t=(--timer "$timer")
-      echo "### benchmark_$op.py $* ${t[*]}" | tee -a "$OUT/rows_$op.log"
-      python3 benchmarks/benchmark_$op.py "$@" "${t[@]}" 2>&1 | tee -a "$OUT/rows_$op.log"
+      logged "$OUT/rows_$op.log" $op "$@" "${t[@]}"
     done
   }
   row router_logits - --tokens 8192
