@@ -30,13 +30,14 @@ than 2^31 elements); the group's base offset is int64.
 Kernels:
   group_norm_fwd_kernel     persistent over groups: statistics pass, then normalize pass.
   group_norm_bwd_kernel     persistent over groups: S_c / D_c pass (stored per (b, c)),
-                            then dx pass (skipped when ``want_dx`` is 0).
+                            then dx pass (skipped when ``want_dx`` is 0); with PREFETCH
+                            each pass loads its next tile before using the current one.
   group_norm_reduce_kernel  dw / db = sums over the batch of the (B, C) partials.
 """
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+from _common import DTYPES, FLAG_ALIGNED, FLAG_ROWS16, Variant, aligned_args
 
 
 @triton.jit
@@ -108,11 +109,144 @@ def block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w):
 
 
 @triton.jit
+def _two_pass_sums(xg, dyg, mean, rstd, pg, plane, w_ptr, ch0, has_w, Cg, HW, ci, hi,
+                   BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """The S_c / D_c pass over one group, a channel block at a time; returns the group's A and
+    Bs."""
+    a = 0.0
+    bs = 0.0
+    for c0 in range(0, Cg, BLOCK_C):
+        cc = c0 + ci
+        cmask = cc < Cg
+        rows = cc[:, None] * HW
+        acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
+        acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
+        for h0 in range(0, HW, BLOCK_HW):
+            hh = h0 + hi
+            mask = cmask[:, None] & (hh < HW)[None, :]
+            offs = rows + hh[None, :]
+            x = tl.load(xg + offs, mask=mask, other=0.0,
+                        eviction_policy="evict_last").to(tl.float32)
+            dy = tl.load(dyg + offs, mask=mask, other=0.0,
+                         eviction_policy="evict_last").to(tl.float32)
+            acc_s += dy * tl.where(mask, (x - mean) * rstd, 0.0)
+            acc_d += dy
+        da, db = block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w)
+        a += da
+        bs += db
+    return a, bs
+
+
+@triton.jit
+def _two_pass_dx(xg, dyg, dxg, mean, rstd, ka, kb, w_ptr, ch0, has_w, Cg, HW, ci, hi,
+                 BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """The dx pass over one group, a channel block at a time."""
+    dtype = dxg.dtype.element_ty
+    for c0 in range(0, Cg, BLOCK_C):
+        cc = c0 + ci
+        cmask = cc < Cg
+        w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
+        rows = cc[:, None] * HW
+        for h0 in range(0, HW, BLOCK_HW):
+            hh = h0 + hi
+            mask = cmask[:, None] & (hh < HW)[None, :]
+            offs = rows + hh[None, :]
+            x = tl.load(xg + offs, mask=mask, other=0.0,
+                        eviction_policy="evict_first").to(tl.float32)
+            dy = tl.load(dyg + offs, mask=mask, other=0.0,
+                         eviction_policy="evict_first").to(tl.float32)
+            xhat = (x - mean) * rstd
+            dx = rstd * (dy * w[:, None] - (xhat * ka + kb))
+            tl.store(dxg + offs, dx.to(dtype), mask=mask)
+
+
+@triton.jit
+def _load_tile(g_ptr, k, valid, nh, Cg, HW, ci, hi, BLOCK_C: tl.constexpr,
+               BLOCK_HW: tl.constexpr, POLICY: tl.constexpr):
+    """Tile k of a group (channel-major: nh position tiles per channel block) in its stored
+    dtype; 0 outside the group and where ``valid`` is false (no memory is read then)."""
+    cc = (k // nh) * BLOCK_C + ci
+    hh = (k % nh) * BLOCK_HW + hi
+    mask = (cc < Cg)[:, None] & (hh < HW)[None, :] & valid
+    return tl.load(g_ptr + cc[:, None] * HW + hh[None, :], mask=mask, other=0.0,
+                   eviction_policy=POLICY)
+
+
+@triton.jit
+def _prefetch_sums(xg, dyg, mean, rstd, pg, plane, w_ptr, ch0, has_w, Cg, HW, ci, hi,
+                   BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """The S_c / D_c pass over one group's tiles in one loop, tile k + 1 of x and dy loaded
+    before tile k is summed; returns the group's A and Bs."""
+    nh = tl.cdiv(HW, BLOCK_HW)
+    nt = tl.cdiv(Cg, BLOCK_C) * nh
+    a = 0.0
+    bs = 0.0
+    acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
+    acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
+    nx = _load_tile(xg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
+    ndy = _load_tile(dyg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
+    for k in range(0, nt):
+        cx = nx
+        cdy = ndy
+        nx = _load_tile(xg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
+                        "evict_last")
+        ndy = _load_tile(dyg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
+                         "evict_last")
+        cc = (k // nh) * BLOCK_C + ci
+        cmask = cc < Cg
+        hh = (k % nh) * BLOCK_HW + hi
+        mask = cmask[:, None] & (hh < HW)[None, :]
+        d = cdy.to(tl.float32)
+        acc_s += d * tl.where(mask, (cx.to(tl.float32) - mean) * rstd, 0.0)
+        acc_d += d
+        if k % nh == nh - 1:  # the channel block's last tile: its sums are complete
+            da, db = block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w)
+            a += da
+            bs += db
+            acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
+            acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
+    return a, bs
+
+
+@triton.jit
+def _prefetch_dx(xg, dyg, dxg, mean, rstd, ka, kb, w_ptr, ch0, has_w, Cg, HW, ci, hi,
+                 BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """The dx pass over one group's tiles in one loop, tile k + 1 loaded before tile k's dx
+    is computed and stored."""
+    dtype = dxg.dtype.element_ty
+    nh = tl.cdiv(HW, BLOCK_HW)
+    nt = tl.cdiv(Cg, BLOCK_C) * nh
+    nx = _load_tile(xg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
+    ndy = _load_tile(dyg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
+    for k in range(0, nt):
+        cx = nx
+        cdy = ndy
+        nx = _load_tile(xg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
+                        "evict_first")
+        ndy = _load_tile(dyg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
+                         "evict_first")
+        cc = (k // nh) * BLOCK_C + ci
+        cmask = cc < Cg
+        hh = (k % nh) * BLOCK_HW + hi
+        mask = cmask[:, None] & (hh < HW)[None, :]
+        w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
+        xhat = (cx.to(tl.float32) - mean) * rstd
+        dx = rstd * (cdy.to(tl.float32) * w[:, None] - (xhat * ka + kb))
+        tl.store(dxg + cc[:, None] * HW + hh[None, :], dx.to(dtype), mask=mask)
+
+
+@triton.jit
 def group_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr, groups,
                           G, Cg, HW, has_w, want_dx, BLOCK_C: tl.constexpr,
-                          BLOCK_HW: tl.constexpr):
-    """partial: fp32 (2, B * C): S_c then D_c per (batch, channel), written for every group."""
-    dtype = dx_ptr.dtype.element_ty
+                          BLOCK_HW: tl.constexpr, PREFETCH: tl.constexpr = 0):
+    """partial: fp32 (2, B * C): S_c then D_c per (batch, channel), written for every group.
+
+    PREFETCH = 1 walks each pass's tiles in one loop and loads the next tile of x and dy
+    before using the current one, so a program's next loads are in flight while it sums or
+    writes (Triton does not pipeline these loads; num_stages changes nothing). It pays only
+    where Cg is hinted divisible by 16, which makes each tile's channel mask uniform: at
+    (32, 512, 4096) bf16 on an H100, 171 us against the two-pass form's 190, and 194 us
+    without the hint (benchmarks/NOTES.md v23)."""
     pid = tl.program_id(0)
     step = tl.num_programs(0)
     ci = tl.arange(0, BLOCK_C)
@@ -130,47 +264,21 @@ def group_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, part
         rstd = tl.load(rstd_ptr + grp)
         ch0 = (grp % G) * Cg
         pg = partial_ptr + grp * Cg.to(tl.int64)
-        a = 0.0
-        bs = 0.0
-        for c0 in range(0, Cg, BLOCK_C):
-            cc = c0 + ci
-            cmask = cc < Cg
-            rows = cc[:, None] * HW
-            acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-            acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-            for h0 in range(0, HW, BLOCK_HW):
-                hh = h0 + hi
-                mask = cmask[:, None] & (hh < HW)[None, :]
-                offs = rows + hh[None, :]
-                x = tl.load(xg + offs, mask=mask, other=0.0,
-                            eviction_policy="evict_last").to(tl.float32)
-                dy = tl.load(dyg + offs, mask=mask, other=0.0,
-                             eviction_policy="evict_last").to(tl.float32)
-                acc_s += dy * tl.where(mask, (x - mean) * rstd, 0.0)
-                acc_d += dy
-            da, db = block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w)
-            a += da
-            bs += db
+        if PREFETCH:
+            a, bs = _prefetch_sums(xg, dyg, mean, rstd, pg, plane, w_ptr, ch0, has_w, Cg, HW,
+                                   ci, hi, BLOCK_C, BLOCK_HW)
+        else:
+            a, bs = _two_pass_sums(xg, dyg, mean, rstd, pg, plane, w_ptr, ch0, has_w, Cg, HW,
+                                   ci, hi, BLOCK_C, BLOCK_HW)
         if want_dx != 0:
             ka = a * inv_n
             kb = bs * inv_n
-            for c0 in range(0, Cg, BLOCK_C):
-                cc = c0 + ci
-                cmask = cc < Cg
-                w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0),
-                            other=1.0).to(tl.float32)
-                rows = cc[:, None] * HW
-                for h0 in range(0, HW, BLOCK_HW):
-                    hh = h0 + hi
-                    mask = cmask[:, None] & (hh < HW)[None, :]
-                    offs = rows + hh[None, :]
-                    x = tl.load(xg + offs, mask=mask, other=0.0,
-                                eviction_policy="evict_first").to(tl.float32)
-                    dy = tl.load(dyg + offs, mask=mask, other=0.0,
-                                 eviction_policy="evict_first").to(tl.float32)
-                    xhat = (x - mean) * rstd
-                    dx = rstd * (dy * w[:, None] - (xhat * ka + kb))
-                    tl.store(dxg + offs, dx.to(dtype), mask=mask)
+            if PREFETCH:
+                _prefetch_dx(xg, dyg, dxg, mean, rstd, ka, kb, w_ptr, ch0, has_w, Cg, HW, ci,
+                             hi, BLOCK_C, BLOCK_HW)
+            else:
+                _two_pass_dx(xg, dyg, dxg, mean, rstd, ka, kb, w_ptr, ch0, has_w, Cg, HW, ci,
+                             hi, BLOCK_C, BLOCK_HW)
 
 
 @triton.jit
@@ -244,14 +352,25 @@ def variants(arch: int) -> list:
     out = []
     for dt in DTYPES:
         for hw, c, warps in tile_shapes():
-            for aligned in ((0, FLAG_ALIGNED) if hw >= ALIGNED_MIN_HW else (0,)):
-                constexprs = {"BLOCK_C": c, "BLOCK_HW": hw}
+            for aligned in ((0, FLAG_ALIGNED, FLAG_ALIGNED | FLAG_ROWS16)
+                            if hw >= ALIGNED_MIN_HW else (0,)):
                 for family, kernel, args in (
                         ("group_norm_fwd", "group_norm_fwd_kernel", _FWD_ARGS),
                         ("group_norm_bwd", "group_norm_bwd_kernel", _BWD_ARGS)):
+                    constexprs = {"BLOCK_C": c, "BLOCK_HW": hw}
+                    extra = ("HW",)
+                    if aligned & FLAG_ROWS16:
+                        # Cg a multiple of 16 (the channel rows of a group's tiles), hinted:
+                        # the backward's prefetching form (the forward gains nothing).
+                        if family == "group_norm_fwd":
+                            continue
+                        constexprs["PREFETCH"] = 1
+                        extra += ("Cg",)
+                    elif family == "group_norm_bwd":
+                        constexprs["PREFETCH"] = 0
                     sig = _signature(args, dt, constexprs)
                     # Weight and bias may sit anywhere: no alignment hint on them.
-                    hinted = tuple(a for a in aligned_args(sig, aligned, ("HW",))
+                    hinted = tuple(a for a in aligned_args(sig, aligned, extra)
                                    if a not in ("w_ptr", "b_ptr"))
                     out.append(Variant(family=family, kernel=kernel, dtype=dt,
                                        block=hw * KEY + c, signature=sig,

@@ -68,10 +68,13 @@ def _check_grads(x, w, b, groups, dy, got, dtype, pdt, eps=1e-6):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,groups,block_c,block_hw,which,programs", [
     ((3, 6, 5), 2, 2, 4, "wb", 2), ((3, 6, 5), 2, 2, 4, "wb", 4), ((2, 4, 16), 1, 4, 16, "", 2),
-    ((3, 8), 2, 4, 1, "wb", 2), ((3, 8), 2, 4, 1, "wb", 6)])
-def test_interpreter(dtype, shape, groups, block_c, block_hw, which, programs):
+    ((3, 8), 2, 4, 1, "wb", 2), ((3, 8), 2, 4, 1, "wb", 6), ((2, 32, 12), 2, 4, 8, "wb", 3)])
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_interpreter(dtype, shape, groups, block_c, block_hw, which, programs, prefetch):
     """Programs own every programs-th group; their counts differ where programs does not
-    divide the groups (4 programs over 6), and a program of one group has no overlap."""
+    divide the groups (4 programs over 6), and a program of one group has no overlap. The
+    backward runs both forms (PREFETCH: each pass's next tile loaded first), over groups of
+    several channel blocks and position tiles, the last of each partly masked."""
     mod = load_triton_src("group_norm")
     n, c = shape[:2]
     hw = shape[2] if len(shape) > 2 else 1
@@ -96,7 +99,8 @@ def test_interpreter(dtype, shape, groups, block_c, block_hw, which, programs):
     partial = torch.full((2, n * c), float("nan"))
     mod.group_norm_bwd_kernel[(programs,)](dy, x, wa, mean, rstd, dx, partial, n * groups,
                                            groups, cg, hw, int(w is not None), 1,
-                                           BLOCK_C=block_c, BLOCK_HW=block_hw)
+                                           BLOCK_C=block_c, BLOCK_HW=block_hw,
+                                           PREFETCH=prefetch)
     gx = ref_grads(x, w, b, groups, dy, eps)[0]
     small = (dy.double().norm().item() * rstd.max().item()) if c // groups * hw <= 4 else None
     assert_close(dx, round_toward_zero(gx.float(), dtype), dtype, factor=4, what="dx",
@@ -115,7 +119,8 @@ def test_interpreter(dtype, shape, groups, block_c, block_hw, which, programs):
     partial2 = torch.full((2, n * c), float("nan"))
     mod.group_norm_bwd_kernel[(programs,)](dy, x, wa, mean, rstd, skipped, partial2, n * groups,
                                            groups, cg, hw, int(w is not None), 0,
-                                           BLOCK_C=block_c, BLOCK_HW=block_hw)
+                                           BLOCK_C=block_c, BLOCK_HW=block_hw,
+                                           PREFETCH=prefetch)
     assert torch.isnan(skipped).all()
     assert torch.equal(partial2, partial)
 
@@ -346,10 +351,12 @@ def test_torchscript_save_load(tmp_path):
 # --- level 5: CUDA kernels -----------------------------------------------------------------
 
 # Every tile bucket (BLOCK_HW 1, 8, 64, 512, 4096; tiles of 1024 and 8192), odd sizes,
-# groups of one element and groups longer than a tile.
+# groups of one element and groups longer than a tile; aligned groups of a multiple of 16
+# channels (the backward's prefetching variants) at several tiles.
 CUDA_SHAPES = [((1, 1, 1), 1), ((3, 6, 7), 3), ((4, 8), 4), ((2, 32, 4096), 8),
                ((2, 64, 28, 28), 32), ((2, 4, 33, 3), 2), ((1, 512, 64), 32),
-               ((5, 12, 257), 4), ((1, 4, 70001), 1), ((3, 40, 9), 5), ((2, 512, 4096), 32)]
+               ((5, 12, 257), 4), ((1, 4, 70001), 1), ((3, 40, 9), 5), ((2, 512, 4096), 32),
+               ((3, 48, 128), 3), ((2, 1024, 24, 24), 32)]
 
 
 @pytest.mark.cuda

@@ -140,8 +140,10 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_backward_cuda(
   Tensor dx_arg = want_dx ? dx : xc;
   const Choice t = choose_tile(cg, s.hw);
   static const auto& bwd = runtime::family("group_norm_bwd");
-  const auto& k =
-      bwd.pick(op, xc, t.hw * kKey + t.c, flags_for(t, s.hw, {&xc, &dy, &dx_arg}));
+  // Aligned, with Cg a multiple of 16: the prefetching variants (Cg hinted).
+  uint32_t bflags = flags_for(t, s.hw, {&xc, &dy, &dx_arg});
+  if (bflags & runtime::kFlagAligned && cg % 16 == 0) bflags |= runtime::kFlagRows16;
+  const auto& k = bwd.pick(op, xc, t.hw * kKey + t.c, bflags);
   const int64_t group_bytes = 2 * cg * s.hw * static_cast<int64_t>(x.element_size());
   KernelArgs args;
   args.ptr(dy).ptr(xc).ptr(w).ptr(mean_c).ptr(rstd_c).ptr(dx_arg).ptr(partial).i32(groups)
