@@ -37,7 +37,7 @@ Kernels:
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, FLAG_ROWS16, Variant, aligned_args
+from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
 
 
 @triton.jit
@@ -161,13 +161,21 @@ def _two_pass_dx(xg, dyg, dxg, mean, rstd, ka, kb, w_ptr, ch0, has_w, Cg, HW, ci
 
 
 @triton.jit
+def _all_rows(BLOCK_C: tl.constexpr):
+    """The channel mask of a tile where Cg is a multiple of BLOCK_C: every row, as a
+    constant, so each tile's loads and stores share one predicate."""
+    return tl.full((BLOCK_C,), 1, tl.int1)
+
+
+@triton.jit
 def _load_tile(g_ptr, k, valid, nh, Cg, HW, ci, hi, BLOCK_C: tl.constexpr,
                BLOCK_HW: tl.constexpr, POLICY: tl.constexpr):
-    """Tile k of a group (channel-major: nh position tiles per channel block) in its stored
-    dtype; 0 outside the group and where ``valid`` is false (no memory is read then)."""
+    """Tile k of a group (channel-major: nh position tiles per channel block; Cg a multiple
+    of BLOCK_C, so no channel is masked) in its stored dtype; 0 past HW and where ``valid``
+    is false (no memory is read then)."""
     cc = (k // nh) * BLOCK_C + ci
     hh = (k % nh) * BLOCK_HW + hi
-    mask = (cc < Cg)[:, None] & (hh < HW)[None, :] & valid
+    mask = _all_rows(BLOCK_C)[:, None] & (hh < HW)[None, :] & valid
     return tl.load(g_ptr + cc[:, None] * HW + hh[None, :], mask=mask, other=0.0,
                    eviction_policy=POLICY)
 
@@ -175,8 +183,8 @@ def _load_tile(g_ptr, k, valid, nh, Cg, HW, ci, hi, BLOCK_C: tl.constexpr,
 @triton.jit
 def _prefetch_sums(xg, dyg, mean, rstd, pg, plane, w_ptr, ch0, has_w, Cg, HW, ci, hi,
                    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
-    """The S_c / D_c pass over one group's tiles in one loop, tile k + 1 of x and dy loaded
-    before tile k is summed; returns the group's A and Bs."""
+    """The S_c / D_c pass over one group's tiles in one loop (Cg a multiple of BLOCK_C), tile
+    k + 1 of x and dy loaded before tile k is summed; returns the group's A and Bs."""
     nh = tl.cdiv(HW, BLOCK_HW)
     nt = tl.cdiv(Cg, BLOCK_C) * nh
     a = 0.0
@@ -193,7 +201,7 @@ def _prefetch_sums(xg, dyg, mean, rstd, pg, plane, w_ptr, ch0, has_w, Cg, HW, ci
         ndy = _load_tile(dyg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
                          "evict_last")
         cc = (k // nh) * BLOCK_C + ci
-        cmask = cc < Cg
+        cmask = _all_rows(BLOCK_C)
         hh = (k % nh) * BLOCK_HW + hi
         mask = cmask[:, None] & (hh < HW)[None, :]
         d = cdy.to(tl.float32)
@@ -211,8 +219,8 @@ def _prefetch_sums(xg, dyg, mean, rstd, pg, plane, w_ptr, ch0, has_w, Cg, HW, ci
 @triton.jit
 def _prefetch_dx(xg, dyg, dxg, mean, rstd, ka, kb, w_ptr, ch0, has_w, Cg, HW, ci, hi,
                  BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
-    """The dx pass over one group's tiles in one loop, tile k + 1 loaded before tile k's dx
-    is computed and stored."""
+    """The dx pass over one group's tiles in one loop (Cg a multiple of BLOCK_C), tile k + 1
+    loaded before tile k's dx is computed and stored."""
     dtype = dxg.dtype.element_ty
     nh = tl.cdiv(HW, BLOCK_HW)
     nt = tl.cdiv(Cg, BLOCK_C) * nh
@@ -226,7 +234,7 @@ def _prefetch_dx(xg, dyg, dxg, mean, rstd, ka, kb, w_ptr, ch0, has_w, Cg, HW, ci
         ndy = _load_tile(dyg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
                          "evict_first")
         cc = (k // nh) * BLOCK_C + ci
-        cmask = cc < Cg
+        cmask = _all_rows(BLOCK_C)
         hh = (k % nh) * BLOCK_HW + hi
         mask = cmask[:, None] & (hh < HW)[None, :]
         w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
@@ -241,12 +249,13 @@ def group_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, part
                           BLOCK_HW: tl.constexpr, PREFETCH: tl.constexpr = 0):
     """partial: fp32 (2, B * C): S_c then D_c per (batch, channel), written for every group.
 
-    PREFETCH = 1 walks each pass's tiles in one loop and loads the next tile of x and dy
-    before using the current one, so a program's next loads are in flight while it sums or
-    writes (Triton does not pipeline these loads; num_stages changes nothing). It pays only
-    where Cg is hinted divisible by 16, which makes each tile's channel mask uniform: at
-    (32, 512, 4096) bf16 on an H100, 171 us against the two-pass form's 190, and 194 us
-    without the hint (benchmarks/NOTES.md v23)."""
+    PREFETCH = 1 (only where Cg is a multiple of BLOCK_C: FLAG_EVEN_C) walks each pass's
+    tiles in one loop and loads the next tile of x and dy before using the current one, so a
+    program's next loads are in flight while it sums or writes (Triton does not pipeline
+    these loads; num_stages changes nothing). It pays only where each tile's channel mask is
+    uniform: at (32, 512, 4096) bf16 on an H100, 171 us against the two-pass form's 190 with
+    Cg hinted divisible by 16, 194 us with a mask per channel row (benchmarks/NOTES.md
+    v23); without a channel mask at all, as here, for any Cg that BLOCK_C divides."""
     pid = tl.program_id(0)
     step = tl.num_programs(0)
     ci = tl.arange(0, BLOCK_C)
@@ -311,6 +320,8 @@ TILES = ((1024, 4), (8192, 16))
 HW_BUCKETS = (1, 8, 64, 512, 4096)
 ALIGNED_MIN_HW = 64
 KEY = 1 << 16
+# With FLAG_ALIGNED: Cg is a multiple of BLOCK_C (the backward's prefetching variants).
+FLAG_EVEN_C = 2
 # The dweight / dbias reduction: (BLOCK_B rows, BLOCK_C channels) a step, warps. 32 channels a
 # program spreads C = 512 over 16 programs (4 at 128 before): fwd + bwd at (32, 512, 4096)
 # bf16 0.3217 -> 0.3188 ms of GPU time on an H100 (benchmarks/NOTES.md v20).
@@ -352,25 +363,21 @@ def variants(arch: int) -> list:
     out = []
     for dt in DTYPES:
         for hw, c, warps in tile_shapes():
-            for aligned in ((0, FLAG_ALIGNED, FLAG_ALIGNED | FLAG_ROWS16)
+            for aligned in ((0, FLAG_ALIGNED, FLAG_ALIGNED | FLAG_EVEN_C)
                             if hw >= ALIGNED_MIN_HW else (0,)):
                 for family, kernel, args in (
                         ("group_norm_fwd", "group_norm_fwd_kernel", _FWD_ARGS),
                         ("group_norm_bwd", "group_norm_bwd_kernel", _BWD_ARGS)):
                     constexprs = {"BLOCK_C": c, "BLOCK_HW": hw}
-                    extra = ("HW",)
-                    if aligned & FLAG_ROWS16:
-                        # Cg a multiple of 16 (the channel rows of a group's tiles), hinted:
-                        # the backward's prefetching form (the forward gains nothing).
-                        if family == "group_norm_fwd":
-                            continue
-                        constexprs["PREFETCH"] = 1
-                        extra += ("Cg",)
-                    elif family == "group_norm_bwd":
-                        constexprs["PREFETCH"] = 0
+                    if family == "group_norm_bwd":
+                        # Cg a multiple of BLOCK_C: the prefetching backward (the forward
+                        # has no such form).
+                        constexprs["PREFETCH"] = int(bool(aligned & FLAG_EVEN_C))
+                    elif aligned & FLAG_EVEN_C:
+                        continue
                     sig = _signature(args, dt, constexprs)
                     # Weight and bias may sit anywhere: no alignment hint on them.
-                    hinted = tuple(a for a in aligned_args(sig, aligned, extra)
+                    hinted = tuple(a for a in aligned_args(sig, aligned, ("HW",))
                                    if a not in ("w_ptr", "b_ptr"))
                     out.append(Variant(family=family, kernel=kernel, dtype=dt,
                                        block=hw * KEY + c, signature=sig,

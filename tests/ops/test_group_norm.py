@@ -65,16 +65,21 @@ def _check_grads(x, w, b, groups, dy, got, dtype, pdt, eps=1e-6):
 
 # --- level 1: the Triton source under the interpreter ---------------------------------
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape,groups,block_c,block_hw,which,programs", [
+_INTERPRETER_CASES = [
     ((3, 6, 5), 2, 2, 4, "wb", 2), ((3, 6, 5), 2, 2, 4, "wb", 4), ((2, 4, 16), 1, 4, 16, "", 2),
-    ((3, 8), 2, 4, 1, "wb", 2), ((3, 8), 2, 4, 1, "wb", 6), ((2, 32, 12), 2, 4, 8, "wb", 3)])
-@pytest.mark.parametrize("prefetch", [0, 1])
+    ((3, 8), 2, 4, 1, "wb", 2), ((3, 8), 2, 4, 1, "wb", 6), ((2, 32, 12), 2, 4, 8, "wb", 3)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,groups,block_c,block_hw,which,programs,prefetch", [
+    case + (prefetch,) for case in _INTERPRETER_CASES for prefetch in (0, 1)
+    # The prefetching backward is built for Cg a multiple of BLOCK_C only.
+    if not prefetch or case[0][1] // case[1] % case[2] == 0])
 def test_interpreter(dtype, shape, groups, block_c, block_hw, which, programs, prefetch):
     """Programs own every programs-th group; their counts differ where programs does not
     divide the groups (4 programs over 6), and a program of one group has no overlap. The
     backward runs both forms (PREFETCH: each pass's next tile loaded first), over groups of
-    several channel blocks and position tiles, the last of each partly masked."""
+    several channel blocks and position tiles, the last position tile partly masked."""
     mod = load_triton_src("group_norm")
     n, c = shape[:2]
     hw = shape[2] if len(shape) > 2 else 1
@@ -351,12 +356,13 @@ def test_torchscript_save_load(tmp_path):
 # --- level 5: CUDA kernels -----------------------------------------------------------------
 
 # Every tile bucket (BLOCK_HW 1, 8, 64, 512, 4096; tiles of 1024 and 8192), odd sizes,
-# groups of one element and groups longer than a tile; aligned groups of a multiple of 16
-# channels (the backward's prefetching variants) at several tiles.
+# groups of one element and groups longer than a tile; aligned groups whose channels the
+# tile's channel block divides (the backward's prefetching variants) at several tiles, and
+# one it does not (15 channels, tile rows of 2).
 CUDA_SHAPES = [((1, 1, 1), 1), ((3, 6, 7), 3), ((4, 8), 4), ((2, 32, 4096), 8),
                ((2, 64, 28, 28), 32), ((2, 4, 33, 3), 2), ((1, 512, 64), 32),
                ((5, 12, 257), 4), ((1, 4, 70001), 1), ((3, 40, 9), 5), ((2, 512, 4096), 32),
-               ((3, 48, 128), 3), ((2, 1024, 24, 24), 32)]
+               ((3, 48, 128), 3), ((2, 1024, 24, 24), 32), ((2, 30, 4096), 2)]
 
 
 @pytest.mark.cuda

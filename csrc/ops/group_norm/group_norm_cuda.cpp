@@ -19,7 +19,7 @@ namespace {
 
 using runtime::KernelArgs;
 
-// Mirrors triton_src/group_norm.py: TILES, HW_BUCKETS, ALIGNED_MIN_HW, KEY.
+// Mirrors triton_src/group_norm.py: TILES, HW_BUCKETS, ALIGNED_MIN_HW, KEY, FLAG_EVEN_C.
 struct Tile {
   int64_t elems, most_per_sm;
 };
@@ -27,6 +27,7 @@ constexpr std::array<Tile, 2> kTiles = {{{1024, 8}, {8192, 2}}};
 constexpr std::array<int64_t, 5> kHwBuckets = {1, 8, 64, 512, 4096};
 constexpr int64_t kAlignedMinHw = 64;
 constexpr int64_t kKey = int64_t{1} << 16;
+constexpr uint32_t kFlagEvenC = 2;
 // Bytes of groups in flight the persistent grid aims at, so that the second pass over a
 // group finds it in L2 (40 MB on A100, 50 MB on H100 / H200).
 constexpr int64_t kL2Budget = int64_t{32} << 20;
@@ -140,9 +141,9 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_backward_cuda(
   Tensor dx_arg = want_dx ? dx : xc;
   const Choice t = choose_tile(cg, s.hw);
   static const auto& bwd = runtime::family("group_norm_bwd");
-  // Aligned, with Cg a multiple of 16: the prefetching variants (Cg hinted).
+  // Aligned, with Cg a multiple of the tile's channels: the prefetching variants.
   uint32_t bflags = flags_for(t, s.hw, {&xc, &dy, &dx_arg});
-  if (bflags & runtime::kFlagAligned && cg % 16 == 0) bflags |= runtime::kFlagRows16;
+  if (bflags & runtime::kFlagAligned && cg % t.c == 0) bflags |= kFlagEvenC;
   const auto& k = bwd.pick(op, xc, t.hw * kKey + t.c, bflags);
   const int64_t group_bytes = 2 * cg * s.hw * static_cast<int64_t>(x.element_size());
   KernelArgs args;
