@@ -135,27 +135,8 @@ def group_norm_bwd_form_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr,
         rstd = tl.load(rstd_ptr + grp)
         ch0 = (grp % G) * Cg
         pg = partial_ptr + grp * Cg.to(tl.int64)
-        a = 0.0
-        bs = 0.0
-        for c0 in range(0, Cg, BLOCK_C):
-            cc = c0 + ci
-            cmask = cc < Cg
-            rows = cc[:, None] * HW
-            acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-            acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-            for h0 in range(0, HW, BLOCK_HW):
-                hh = h0 + hi
-                mask = cmask[:, None] & (hh < HW)[None, :]
-                offs = rows + hh[None, :]
-                x = tl.load(xg + offs, mask=mask, other=0.0,
-                            eviction_policy="evict_last").to(tl.float32)
-                dy = tl.load(dyg + offs, mask=mask, other=0.0,
-                             eviction_policy="evict_last").to(tl.float32)
-                acc_s += dy * tl.where(mask, (x - mean) * rstd, 0.0)
-                acc_d += dy
-            da, db = K.block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w)
-            a += da
-            bs += db
+        a, bs = K.two_pass_sums(xg, dyg, mean, rstd, pg, plane, w_ptr, ch0, has_w, Cg, HW, ci,
+                                hi, BLOCK_C, BLOCK_HW)
         if want_dx != 0:
             ka = a * inv_n
             kb = bs * inv_n

@@ -109,7 +109,7 @@ def block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w):
 
 
 @triton.jit
-def _two_pass_sums(xg, dyg, mean, rstd, pg, plane, w_ptr, ch0, has_w, Cg, HW, ci, hi,
+def two_pass_sums(xg, dyg, mean, rstd, pg, plane, w_ptr, ch0, has_w, Cg, HW, ci, hi,
                    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
     """The S_c / D_c pass over one group, a channel block at a time; returns the group's A and
     Bs."""
@@ -168,7 +168,7 @@ def _all_rows(BLOCK_C: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(g_ptr, k, valid, nh, Cg, HW, ci, hi, BLOCK_C: tl.constexpr,
+def _load_tile(g_ptr, k, valid, nh, HW, ci, hi, BLOCK_C: tl.constexpr,
                BLOCK_HW: tl.constexpr, POLICY: tl.constexpr):
     """Tile k of a group (channel-major: nh position tiles per channel block; Cg a multiple
     of BLOCK_C, so no channel is masked) in its stored dtype; 0 past HW and where ``valid``
@@ -178,6 +178,20 @@ def _load_tile(g_ptr, k, valid, nh, Cg, HW, ci, hi, BLOCK_C: tl.constexpr,
     mask = _all_rows(BLOCK_C)[:, None] & (hh < HW)[None, :] & valid
     return tl.load(g_ptr + cc[:, None] * HW + hh[None, :], mask=mask, other=0.0,
                    eviction_policy=POLICY)
+
+
+@triton.jit
+def _prefetch_step(xg, dyg, k, nt, nh, HW, ci, hi, BLOCK_C: tl.constexpr,
+                   BLOCK_HW: tl.constexpr, POLICY: tl.constexpr):
+    """Tile k + 1 of x and dy (nothing read past the group's last tile), and tile k's channels,
+    channel mask, positions and element mask."""
+    nx = _load_tile(xg, k + 1, k + 1 < nt, nh, HW, ci, hi, BLOCK_C, BLOCK_HW, POLICY)
+    ndy = _load_tile(dyg, k + 1, k + 1 < nt, nh, HW, ci, hi, BLOCK_C, BLOCK_HW, POLICY)
+    cc = (k // nh) * BLOCK_C + ci
+    cmask = _all_rows(BLOCK_C)
+    hh = (k % nh) * BLOCK_HW + hi
+    mask = cmask[:, None] & (hh < HW)[None, :]
+    return nx, ndy, cc, cmask, hh, mask
 
 
 @triton.jit
@@ -191,19 +205,13 @@ def _prefetch_sums(xg, dyg, mean, rstd, pg, plane, w_ptr, ch0, has_w, Cg, HW, ci
     bs = 0.0
     acc_s = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
     acc_d = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
-    nx = _load_tile(xg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
-    ndy = _load_tile(dyg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
+    nx = _load_tile(xg, 0, True, nh, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
+    ndy = _load_tile(dyg, 0, True, nh, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_last")
     for k in range(0, nt):
         cx = nx
         cdy = ndy
-        nx = _load_tile(xg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
-                        "evict_last")
-        ndy = _load_tile(dyg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
-                         "evict_last")
-        cc = (k // nh) * BLOCK_C + ci
-        cmask = _all_rows(BLOCK_C)
-        hh = (k % nh) * BLOCK_HW + hi
-        mask = cmask[:, None] & (hh < HW)[None, :]
+        nx, ndy, cc, cmask, hh, mask = _prefetch_step(xg, dyg, k, nt, nh, HW, ci, hi, BLOCK_C,
+                                                      BLOCK_HW, "evict_last")
         d = cdy.to(tl.float32)
         acc_s += d * tl.where(mask, (cx.to(tl.float32) - mean) * rstd, 0.0)
         acc_d += d
@@ -224,19 +232,13 @@ def _prefetch_dx(xg, dyg, dxg, mean, rstd, ka, kb, w_ptr, ch0, has_w, Cg, HW, ci
     dtype = dxg.dtype.element_ty
     nh = tl.cdiv(HW, BLOCK_HW)
     nt = tl.cdiv(Cg, BLOCK_C) * nh
-    nx = _load_tile(xg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
-    ndy = _load_tile(dyg, 0, True, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
+    nx = _load_tile(xg, 0, True, nh, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
+    ndy = _load_tile(dyg, 0, True, nh, HW, ci, hi, BLOCK_C, BLOCK_HW, "evict_first")
     for k in range(0, nt):
         cx = nx
         cdy = ndy
-        nx = _load_tile(xg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
-                        "evict_first")
-        ndy = _load_tile(dyg, k + 1, k + 1 < nt, nh, Cg, HW, ci, hi, BLOCK_C, BLOCK_HW,
-                         "evict_first")
-        cc = (k // nh) * BLOCK_C + ci
-        cmask = _all_rows(BLOCK_C)
-        hh = (k % nh) * BLOCK_HW + hi
-        mask = cmask[:, None] & (hh < HW)[None, :]
+        nx, ndy, cc, cmask, hh, mask = _prefetch_step(xg, dyg, k, nt, nh, HW, ci, hi, BLOCK_C,
+                                                      BLOCK_HW, "evict_first")
         w = tl.load(w_ptr + ch0 + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
         xhat = (cx.to(tl.float32) - mean) * rstd
         dx = rstd * (cdy.to(tl.float32) * w[:, None] - (xhat * ka + kb))
@@ -277,8 +279,8 @@ def group_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, part
             a, bs = _prefetch_sums(xg, dyg, mean, rstd, pg, plane, w_ptr, ch0, has_w, Cg, HW,
                                    ci, hi, BLOCK_C, BLOCK_HW)
         else:
-            a, bs = _two_pass_sums(xg, dyg, mean, rstd, pg, plane, w_ptr, ch0, has_w, Cg, HW,
-                                   ci, hi, BLOCK_C, BLOCK_HW)
+            a, bs = two_pass_sums(xg, dyg, mean, rstd, pg, plane, w_ptr, ch0, has_w, Cg, HW,
+                                  ci, hi, BLOCK_C, BLOCK_HW)
         if want_dx != 0:
             ka = a * inv_n
             kb = bs * inv_n
