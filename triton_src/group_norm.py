@@ -110,7 +110,7 @@ def block_sums(acc_s, acc_d, pg, plane, cc, cmask, w_ptr, ch0, has_w):
 
 @triton.jit
 def two_pass_sums(xg, dyg, mean, rstd, pg, plane, w_ptr, ch0, has_w, Cg, HW, ci, hi,
-                   BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+                  BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
     """The S_c / D_c pass over one group, a channel block at a time; returns the group's A and
     Bs."""
     a = 0.0
