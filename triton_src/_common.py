@@ -71,6 +71,58 @@ def aligned_args(signature: dict, flags: int, extra: tuple = ()) -> tuple:
 
 
 @triton.jit
+def cluster_arrive(x):
+    """Returns x; this program has started (arrives at the cluster barrier without memory
+    ordering). The first exchange of the cluster's programs (cross_entropy's
+    _cluster_exchange with first != 0, cluster_sums) waits for the whole cluster's."""
+    return tl.inline_asm_elementwise("barrier.cluster.arrive.relaxed;\nmov.b32 $0, $1;", "=r,r",
+                                     [x], dtype=tl.int32, is_pure=False, pack=1)
+
+
+# The most programs a cluster_sums cluster may hold (the portable cluster size).
+CLUSTER_MAX = 8
+
+
+@triton.constexpr_function
+def _cluster_sums_asm():
+    """PTX for cluster_sums. Operands: outputs $0, $1; inputs a ($2), b ($3), n ($4)."""
+    lines = ["{", f".shared .align 8 .f32 fk_cluster_sums[{2 * CLUSTER_MAX}];",
+             ".reg .b32 %fk_a, %fk_r, %fk_o;", ".reg .f32 %fk_x, %fk_y;",
+             ".reg .pred %fk_t, %fk_q;",
+             "barrier.cluster.wait.acquire;",
+             "mov.u32 %fk_a, fk_cluster_sums;",
+             "mov.u32 %fk_o, %cluster_ctarank;", "shl.b32 %fk_o, %fk_o, 3;",
+             "mov.u32 %fk_r, %tid.x;", "setp.eq.u32 %fk_t, %fk_r, 0;"]
+    for j in range(CLUSTER_MAX):
+        lines += [f"setp.gt.and.u32 %fk_q, $4, {j}, %fk_t;",
+                  f"@%fk_q mapa.shared::cluster.u32 %fk_r, %fk_a, {j};",
+                  "@%fk_q add.u32 %fk_r, %fk_r, %fk_o;",
+                  "@%fk_q st.shared::cluster.v2.f32 [%fk_r], {$2, $3};"]
+    lines += ["barrier.cluster.arrive.release;", "barrier.cluster.wait.acquire;",
+              "mov.f32 $0, 0f00000000;", "mov.f32 $1, 0f00000000;"]
+    for j in range(CLUSTER_MAX):
+        lines += [f"setp.gt.u32 %fk_q, $4, {j};",
+                  f"@%fk_q ld.shared.v2.f32 {{%fk_x, %fk_y}}, [%fk_a+{8 * j}];",
+                  "@%fk_q add.f32 $0, $0, %fk_x;", "@%fk_q add.f32 $1, $1, %fk_y;"]
+    return "\n".join(lines + ["}"])
+
+
+@triton.jit
+def cluster_sums(a, b, key, rank, n):
+    """(sum of a, sum of b) over the n programs (n <= CLUSTER_MAX) of this program's
+    thread-block cluster (launched with a cluster of n along x), added in rank order from
+    0.0, so that every program of the cluster gets the same bits. Once per program, after
+    cluster_arrive at its start: the first thread of each program stores its (a, b) into
+    every program's shared memory (distributed shared memory) once the whole cluster has
+    started, the cluster meets at one hardware barrier (release / acquire), and each program
+    adds the n pairs from its own shared memory; no program writes into another afterwards,
+    so each may leave at once. key (the cluster's work item) and rank (this program's rank
+    in the cluster) name the exchange for emulations; the hardware needs neither."""
+    return tl.inline_asm_elementwise(_cluster_sums_asm(), "=f,=f,f,f,r", [a, b, n],
+                                     dtype=(tl.float32, tl.float32), is_pure=False, pack=1)
+
+
+@triton.jit
 def sigmoid_f32(x):
     return 1.0 / (1.0 + tl.exp(-x))
 

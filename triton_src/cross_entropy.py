@@ -62,6 +62,7 @@ import triton
 import triton.language as tl
 
 from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+from _common import cluster_arrive as _cluster_arrive
 
 # Variant flag: class weights, label smoothing or softcap (run-time switches inside); the
 # plain variant has none of them and keeps pass 2 to an FMA, an exp and a multiply per element.
@@ -83,14 +84,6 @@ LOG2E = tl.constexpr(1.4426950408889634)
 def _tanh(u):
     """tanh through exp2: exact at +-inf, absolute error about 1e-7 near 0."""
     return 1.0 - 2.0 / (tl.exp2(u * (2.0 * LOG2E)) + 1.0)
-
-
-@triton.jit
-def _cluster_arrive(x):
-    """Returns x; this program has started (arrives at the cluster barrier without memory
-    ordering). Its _cluster_exchange with first != 0 waits for the whole cluster's."""
-    return tl.inline_asm_elementwise("barrier.cluster.arrive.relaxed;\nmov.b32 $0, $1;", "=r,r",
-                                     [x], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.constexpr_function
