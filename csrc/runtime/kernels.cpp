@@ -296,7 +296,7 @@ bool aligned16(std::initializer_list<const Tensor*> tensors) {
 }
 
 void launch(const char* op, const KernelSpec& k, const Device& device,
-            std::array<int64_t, 3> grid, KernelArgs& args) {
+            std::array<int64_t, 3> grid, KernelArgs& args, int cluster) {
   FK_CHECK(args.n_ == k.num_params, op, ": kernel ", k.variant, " takes ", k.num_params,
               " arguments, got ", args.n_);
   if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return;
@@ -327,9 +327,12 @@ void launch(const char* op, const KernelSpec& k, const Device& device,
   args.ptrs_[n + 1] = &args.slots_[n + 1];
 
   const Driver& d = driver();
-  FK_CHECK(grid[0] % k.cluster == 0, op, ": kernel ", k.variant, " runs in clusters of ",
-              k.cluster, " programs; grid ", grid[0], " is not a multiple");
-  if (k.num_ctas == 1 && k.cluster == 1 && !k.launch_pdl && !k.cooperative) {
+  FK_CHECK(cluster == 0 || (k.cluster == 1 && k.num_ctas == 1 && cluster <= 8), op,
+           ": kernel ", k.variant, " can't be launched in clusters of ", cluster, " programs");
+  const int cl = cluster > 0 ? cluster : k.cluster;
+  FK_CHECK(grid[0] % cl == 0, op, ": kernel ", k.variant, " runs in clusters of ", cl,
+           " programs; grid ", grid[0], " is not a multiple");
+  if (k.num_ctas == 1 && cl == 1 && !k.launch_pdl && !k.cooperative) {
     FK_CU_CHECK(d.cuLaunchKernel(fn, static_cast<unsigned>(grid[0]),
                                  static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2]),
                                  32 * k.num_warps, 1, 1, k.shared_bytes, stream,
@@ -347,9 +350,9 @@ void launch(const char* op, const KernelSpec& k, const Device& device,
     attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
     attrs[num_attrs++].value.cooperative = 1;
   }
-  if (k.num_ctas != 1 || k.cluster != 1) {
+  if (k.num_ctas != 1 || cl != 1) {
     attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attrs[num_attrs].value.clusterDim.x = k.num_ctas * k.cluster;
+    attrs[num_attrs].value.clusterDim.x = k.num_ctas * cl;
     attrs[num_attrs].value.clusterDim.y = 1;
     attrs[num_attrs++].value.clusterDim.z = 1;
     attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;

@@ -75,7 +75,7 @@ class KernelArgs {
 
  private:
   friend void launch(const char*, const KernelSpec&, const Device&, std::array<int64_t, 3>,
-                     KernelArgs&);
+                     KernelArgs&, int);
   static constexpr int kMax = 30;
   std::array<uint64_t, kMax + 2> slots_{};
   std::array<void*, kMax + 2> ptrs_{};
@@ -84,8 +84,11 @@ class KernelArgs {
 };
 
 // Launches `k` on `device` with a grid of (x, y, z) programs on the current stream.
+// `cluster` > 0 launches a kernel built for clusters of one (k.cluster == 1) in thread-block
+// clusters of that many programs along x, a size chosen at run time (at most 8; the grid's x
+// a multiple); 0 keeps the variant's own.
 void launch(const char* op, const KernelSpec& k, const Device& device,
-            std::array<int64_t, 3> grid, KernelArgs& args);
+            std::array<int64_t, 3> grid, KernelArgs& args, int cluster = 0);
 
 // 1 if every tensor's data pointer is 16-byte aligned, else 0; used to build variant flags.
 bool aligned16(std::initializer_list<const Tensor*> tensors);
