@@ -27,7 +27,17 @@ use shifted sums (x minus the group's first element) to avoid the cancellation o
 E[x^2] - E[x]^2 when |mean| >> std. Offsets inside a group are int32 (a group holds fewer
 than 2^31 elements); the group's base offset is int64.
 
+On sm_90 and newer, a group of 2-8 tiles of CLUSTER_TILE elements whose positions fill
+one tile row exactly (HW a power of two from 64 to CLUSTER_TILE, Cg a multiple of the tile's
+channels) is instead held in registers by a thread-block cluster of that many programs, one
+tile each: x (and dy) are read once, and the cluster's two partial sums (forward: sum and
+sum of squares; backward: A and Bs) meet in distributed shared memory (cluster_sums). At
+(32, 512, 4096) bf16 on an H100 that moves the minimum bytes at 83 % of copy bandwidth,
+where the two-pass kernels reach 75 % (benchmarks/NOTES.md v24).
+
 Kernels:
+  group_norm_fwd_cluster_kernel, group_norm_bwd_cluster_kernel
+                            one tile of one group per program, a group per cluster.
   group_norm_fwd_kernel     persistent over groups: statistics pass, then normalize pass.
   group_norm_bwd_kernel     persistent over groups: S_c / D_c pass (stored per (b, c)),
                             then dx pass (skipped when ``want_dx`` is 0); with PREFETCH
@@ -37,7 +47,8 @@ Kernels:
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+from _common import (CLUSTER_MAX, DTYPES, FLAG_ALIGNED, Variant, aligned_args, cluster_arrive,
+                     cluster_sums)
 
 
 @triton.jit
@@ -293,6 +304,88 @@ def group_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, part
 
 
 @triton.jit
+def _cluster_param(p_ptr, pf_ptr, idx, has, other):
+    """A parameter's values at idx in fp32, read in x's dtype (``has == 1``, through p_ptr) or
+    in float32 (``has == 2``, through pf_ptr); ``other`` without one (``has == 0``)."""
+    v = tl.load(p_ptr + idx, mask=has == 1, other=other).to(tl.float32)
+    vf = tl.load(pf_ptr + idx, mask=has == 2, other=other)
+    return tl.where(has == 2, vf, v)
+
+
+@triton.jit
+def _cluster_tile(pid, cl, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """This program's group, rank in its cluster of cl, channels of the group and offsets
+    within the group (a (BLOCK_C, BLOCK_HW) tile; HW == BLOCK_HW, Cg == cl * BLOCK_C)."""
+    rank = cluster_arrive((pid % cl).to(tl.int32))
+    grp = pid // cl
+    cc = rank * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs = cc[:, None] * BLOCK_HW + tl.arange(0, BLOCK_HW)[None, :]
+    return grp, rank, cc, offs
+
+
+@triton.jit
+def group_norm_fwd_cluster_kernel(x_ptr, w_ptr, wf_ptr, b_ptr, bf_ptr, y_ptr, mean_ptr,
+                                  rstd_ptr, G, cl, eps, has_w, has_b, BLOCK_C: tl.constexpr,
+                                  BLOCK_HW: tl.constexpr):
+    """The forward of one (BLOCK_C, BLOCK_HW) tile of a group per program, the group's cl
+    programs one thread-block cluster (grid: groups * cl); weight and bias as
+    _cluster_param reads them."""
+    grp, rank, cc, offs = _cluster_tile(tl.program_id(0), cl, BLOCK_C, BLOCK_HW)
+    Cg = cl * BLOCK_C
+    n = Cg * BLOCK_HW
+    base = grp.to(tl.int64) * n
+    x = tl.load(x_ptr + base + offs).to(tl.float32)
+    # shifted sums, as the two-pass kernel (the group's first element)
+    shift = tl.load(x_ptr + base).to(tl.float32)
+    d = x - shift
+    s1, s2 = cluster_sums(tl.sum(d), tl.sum(d * d), grp, rank, cl)
+    inv_n = 1.0 / n.to(tl.float32)
+    m1 = s1 * inv_n
+    var = tl.maximum(s2 * inv_n - m1 * m1, 0.0)
+    mean = shift + m1
+    rstd = 1.0 / tl.sqrt(var + eps)
+    if rank == 0:
+        tl.store(mean_ptr + grp, mean)
+        tl.store(rstd_ptr + grp, rstd)
+    ch = (grp % G) * Cg + cc
+    w = _cluster_param(w_ptr, wf_ptr, ch, has_w, 1.0)
+    b = _cluster_param(b_ptr, bf_ptr, ch, has_b, 0.0)
+    y = (x - mean) * (w * rstd)[:, None] + b[:, None]
+    tl.store(y_ptr + base + offs, y.to(y_ptr.dtype.element_ty))
+
+
+@triton.jit
+def group_norm_bwd_cluster_kernel(dy_ptr, x_ptr, w_ptr, wf_ptr, mean_ptr, rstd_ptr, dx_ptr,
+                                  partial_ptr, groups, G, cl, has_w, want_dx,
+                                  BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """The backward of one tile of a group per program, as group_norm_fwd_cluster_kernel:
+    S_c / D_c of the tile's channels into partial (group_norm_bwd_kernel's layout), the
+    group's A and Bs from the cluster, dx from the tile held in registers."""
+    grp, rank, cc, offs = _cluster_tile(tl.program_id(0), cl, BLOCK_C, BLOCK_HW)
+    Cg = cl * BLOCK_C
+    n = Cg * BLOCK_HW
+    base = grp.to(tl.int64) * n
+    x = tl.load(x_ptr + base + offs).to(tl.float32)
+    dy = tl.load(dy_ptr + base + offs).to(tl.float32)
+    mean = tl.load(mean_ptr + grp)
+    rstd = tl.load(rstd_ptr + grp)
+    xhat = (x - mean) * rstd
+    sc = tl.sum(dy * xhat, axis=1)
+    dc = tl.sum(dy, axis=1)
+    pg = partial_ptr + grp * Cg.to(tl.int64)
+    tl.store(pg + cc, sc)
+    tl.store(pg + groups.to(tl.int64) * Cg + cc, dc)
+    w = _cluster_param(w_ptr, wf_ptr, (grp % G) * Cg + cc, has_w, 1.0)
+    a, bs = cluster_sums(tl.sum(w * sc), tl.sum(w * dc), grp, rank, cl)
+    if want_dx != 0:
+        inv_n = 1.0 / n.to(tl.float32)
+        ka = a * inv_n
+        kb = bs * inv_n
+        dx = rstd * (dy * w[:, None] - (xhat * ka + kb))
+        tl.store(dx_ptr + base + offs, dx.to(dx_ptr.dtype.element_ty))
+
+
+@triton.jit
 def group_norm_reduce_kernel(partial_ptr, dw_ptr, db_ptr, B, C, want_dw, want_db,
                              BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr):
     """dw[c] = sum_b partial[0, b, c], db[c] = sum_b partial[1, b, c]; fp32 sums, one
@@ -328,16 +421,29 @@ FLAG_EVEN_C = 2
 # program spreads C = 512 over 16 programs (4 at 128 before): fwd + bwd at (32, 512, 4096)
 # bf16 0.3217 -> 0.3188 ms of GPU time on an H100 (benchmarks/NOTES.md v20).
 REDUCE_B, REDUCE_C, REDUCE_WARPS = 32, 32, 2
+# The cluster forms (sm_90 and newer): tiles of CLUSTER_TILE elements at CLUSTER_WARPS, one
+# variant per BLOCK_HW in CLUSTER_HW (BLOCK_C = CLUSTER_TILE / BLOCK_HW), keyed by BLOCK_HW.
+# (2, 4096) tiles at 8 warps, against 4 (2 CTAs per SM) or 16 warps and 16384-element tiles:
+# fwd + bwd 268 us at (32, 512, 4096) bf16 on an H100 (benchmarks/NOTES.md v24).
+CLUSTER_TILE, CLUSTER_WARPS = 8192, 8
+CLUSTER_HW = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+CLUSTER_MIN_ARCH = 90
 
 _FWD_ARGS = ("x_ptr", "w_ptr", "b_ptr", "y_ptr", "mean_ptr", "rstd_ptr", "groups", "G", "Cg",
              "HW", "eps", "has_w", "has_b")
 _BWD_ARGS = ("dy_ptr", "x_ptr", "w_ptr", "mean_ptr", "rstd_ptr", "dx_ptr", "partial_ptr",
              "groups", "G", "Cg", "HW", "has_w", "want_dx")
 _REDUCE_ARGS = ("partial_ptr", "dw_ptr", "db_ptr", "B", "C", "want_dw", "want_db")
+_FWD_CLUSTER_ARGS = ("x_ptr", "w_ptr", "wf_ptr", "b_ptr", "bf_ptr", "y_ptr", "mean_ptr",
+                     "rstd_ptr", "G", "cl", "eps", "has_w", "has_b")
+_BWD_CLUSTER_ARGS = ("dy_ptr", "x_ptr", "w_ptr", "wf_ptr", "mean_ptr", "rstd_ptr", "dx_ptr",
+                     "partial_ptr", "groups", "G", "cl", "has_w", "want_dx")
 _FP32 = ("w_ptr", "b_ptr", "mean_ptr", "rstd_ptr", "partial_ptr")
+# The cluster kernels read weight and bias in x's dtype or float32 (has_w / has_b 1 or 2).
+_FP32_CLUSTER = ("wf_ptr", "bf_ptr", "mean_ptr", "rstd_ptr", "partial_ptr")
 _SCALARS = {"groups": "i32", "G": "i32", "Cg": "i32", "HW": "i32", "eps": "fp32",
             "has_w": "i32", "has_b": "i32", "want_dx": "i32", "B": "i32", "C": "i32",
-            "want_dw": "i32", "want_db": "i32"}
+            "want_dw": "i32", "want_db": "i32", "cl": "i32"}
 
 
 def _signature(args, dt, constexprs, fp32_ptrs=_FP32):
@@ -384,6 +490,18 @@ def variants(arch: int) -> list:
                     out.append(Variant(family=family, kernel=kernel, dtype=dt,
                                        block=hw * KEY + c, signature=sig,
                                        constexprs=constexprs, num_warps=warps, flags=aligned,
+                                       divisible_by_16=hinted))
+        if arch >= CLUSTER_MIN_ARCH:
+            for hw in CLUSTER_HW:
+                constexprs = {"BLOCK_C": CLUSTER_TILE // hw, "BLOCK_HW": hw}
+                for family, args in (("group_norm_fwd_cluster", _FWD_CLUSTER_ARGS),
+                                     ("group_norm_bwd_cluster", _BWD_CLUSTER_ARGS)):
+                    sig = _signature(args, dt, constexprs, fp32_ptrs=_FP32_CLUSTER)
+                    hinted = tuple(a for a in aligned_args(sig, FLAG_ALIGNED)
+                                   if a not in ("w_ptr", "wf_ptr", "b_ptr", "bf_ptr"))
+                    out.append(Variant(family=family, kernel=family + "_kernel", dtype=dt,
+                                       block=hw, signature=sig, constexprs=constexprs,
+                                       num_warps=CLUSTER_WARPS, flags=FLAG_ALIGNED,
                                        divisible_by_16=hinted))
         # The reduction is keyed by the parameters' dtype (its outputs).
         sig = _signature(_REDUCE_ARGS, dt, ("BLOCK_B", "BLOCK_C"), fp32_ptrs=("partial_ptr",))

@@ -130,6 +130,89 @@ def test_interpreter(dtype, shape, groups, block_c, block_hw, which, programs, p
     assert torch.equal(partial2, partial)
 
 
+class _ClusterSums:
+    """Stands in for _common.cluster_sums under the interpreter, which runs programs one
+    after another, so a program cannot wait for the rest of its cluster: each call keeps the
+    caller's (a, b) under (key, rank) and returns the sums over ranks 0 .. n - 1 in rank order
+    from 0.0, as the hardware form adds them (NaN while a rank's pair is not kept yet: the
+    kernels run twice, the second run reading the first run's pairs)."""
+
+    def __init__(self):
+        self.kept = {}
+
+    def __call__(self, a, b, key, rank, n):
+        import triton.language as tl
+
+        def num(t, kind):
+            return kind(t.handle.data.item()) if hasattr(t, "handle") else kind(t)
+
+        k, r, n = num(key, int), num(rank, int), num(n, int)
+        self.kept[k, r] = (num(a, float), num(b, float))
+        sums = [0.0, 0.0]
+        for j in range(n):
+            pair = self.kept.get((k, j), (float("nan"),) * 2)
+            sums = [sums[0] + pair[0], sums[1] + pair[1]]
+        return tl.full([], sums[0], tl.float32), tl.full([], sums[1], tl.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("params", ["x", "fp32", "none"])
+@pytest.mark.parametrize("shape,groups,block_c", [((3, 8, 8), 2, 2), ((2, 12, 4), 2, 2),
+                                                  ((2, 8, 16), 1, 1), ((1, 4, 32), 2, 2)])
+def test_interpreter_cluster(dtype, params, shape, groups, block_c, monkeypatch):
+    """The cluster kernels: a group of Cg = cl * BLOCK_C channels and HW = BLOCK_HW positions
+    split over cl programs (2, 3, 8 and 1), one (BLOCK_C, HW) tile each, their sums met in an
+    emulation of the cluster (_ClusterSums); weight and bias read in x's dtype (has 1), in
+    float32 (has 2) or absent; dx skipped with want_dx = 0."""
+    mod = load_triton_src("group_norm")
+    monkeypatch.setattr(mod, "cluster_sums", _ClusterSums())
+    monkeypatch.setattr(mod, "cluster_arrive", lambda rank: rank)
+    n, c, hw = shape
+    cg, eps = c // groups, 1e-6
+    cl = cg // block_c
+    pdt = torch.float32 if params == "fp32" else dtype
+    has = {"x": 1, "fp32": 2, "none": 0}[params]
+    x, dy = randn(*shape, dtype=dtype) + 3.0, randn(*shape, dtype=dtype)
+    w, b = _params(c, pdt, which="" if params == "none" else "wb")
+    stats = torch.full((n, groups), float("nan"))
+    wa = w if w is not None else stats
+    ba = b if b is not None else stats
+    y = torch.full_like(x, float("nan"))
+    mean, rstd = stats.clone(), stats.clone()
+    for _ in range(2):
+        mod.group_norm_fwd_cluster_kernel[(n * groups * cl,)](
+            x, wa, wa, ba, ba, y, mean, rstd, groups, cl, eps, has, has, BLOCK_C=block_c,
+            BLOCK_HW=hw)
+    assert_close(y, ref_group_norm(x, w, b, groups, eps, cast=round_toward_zero), dtype,
+                 factor=2, what="y")
+    xg = x.double().reshape(n, groups, -1)
+    assert_close(mean, xg.mean(-1), torch.float32, what="mean")
+    assert_close(rstd, 1 / torch.sqrt(xg.var(-1, unbiased=False) + eps), torch.float32,
+                 factor=10, what="rstd")
+    monkeypatch.setattr(mod, "cluster_sums", _ClusterSums())
+    dx = torch.full_like(x, float("nan"))
+    partial = torch.full((2, n * c), float("nan"))
+    for _ in range(2):
+        mod.group_norm_bwd_cluster_kernel[(n * groups * cl,)](
+            dy, x, wa, wa, mean, rstd, dx, partial, n * groups, groups, cl, has, 1,
+            BLOCK_C=block_c, BLOCK_HW=hw)
+    gx, gw, gb = ref_grads(x, w, b, groups, dy, eps)
+    assert_close(dx, round_toward_zero(gx.float(), dtype), dtype, factor=4, what="dx")
+    s = dy.double().norm().item()
+    xhat = ((xg - xg.mean(-1, keepdim=True)) * rstd.double()[..., None]).reshape(n, c, -1)
+    assert_close(partial[0].reshape(n, c).sum(0), (dy.double().reshape(n, c, -1) * xhat)
+                 .sum((0, 2)), torch.float32, factor=3, scale=s, what="dweight")
+    assert_close(partial[1].reshape(n, c).sum(0), dy.double().reshape(n, c, -1).sum((0, 2)),
+                 torch.float32, factor=3, scale=s, what="dbias")
+    skipped = torch.full_like(x, float("nan"))
+    partial2 = torch.full((2, n * c), float("nan"))
+    mod.group_norm_bwd_cluster_kernel[(n * groups * cl,)](
+        dy, x, wa, wa, mean, rstd, skipped, partial2, n * groups, groups, cl, has, 0,
+        BLOCK_C=block_c, BLOCK_HW=hw)
+    assert torch.isnan(skipped).all()
+    assert torch.equal(partial2, partial)
+
+
 # --- level 2: the CPU backend against the reference --------------------------------------
 
 SHAPES = [((2, 4, 3, 5), 2), ((1, 6, 7), 3), ((4, 8), 4), ((2, 3, 1), 3), ((3, 16, 40), 1)]
@@ -358,11 +441,16 @@ def test_torchscript_save_load(tmp_path):
 # Every tile bucket (BLOCK_HW 1, 8, 64, 512, 4096; tiles of 1024 and 8192), odd sizes,
 # groups of one element and groups longer than a tile; aligned groups whose channels the
 # tile's channel block divides (the backward's prefetching variants) at several tiles, and
-# one it does not (15 channels, tile rows of 2).
-CUDA_SHAPES = [((1, 1, 1), 1), ((3, 6, 7), 3), ((4, 8), 4), ((2, 32, 4096), 8),
-               ((2, 64, 28, 28), 32), ((2, 4, 33, 3), 2), ((1, 512, 64), 32),
-               ((5, 12, 257), 4), ((1, 4, 70001), 1), ((3, 40, 9), 5), ((2, 512, 4096), 32),
-               ((3, 48, 128), 3), ((2, 1024, 24, 24), 32), ((2, 30, 4096), 2)]
+# one it does not (15 channels, tile rows of 2). On sm_90 and newer, CLUSTER_SHAPES run the
+# cluster kernels (groups of 2-8 tiles of 8192 elements, HW a power of two), at clusters of
+# 2, 3, 4, 5 and 8 programs and tile rows of 64 to 8192 positions.
+CLUSTER_SHAPES = [((2, 32, 4096), 8), ((2, 512, 4096), 32), ((3, 64, 32, 32), 4),
+                  ((2, 96, 1024), 4), ((2, 1024, 8, 8), 2), ((2, 40, 8192), 5),
+                  ((2, 40, 64, 64), 4)]
+CUDA_SHAPES = [((1, 1, 1), 1), ((3, 6, 7), 3), ((4, 8), 4), ((2, 64, 28, 28), 32),
+               ((2, 4, 33, 3), 2), ((1, 512, 64), 32), ((5, 12, 257), 4), ((1, 4, 70001), 1),
+               ((3, 40, 9), 5), ((3, 48, 128), 3), ((2, 1024, 24, 24), 32),
+               ((2, 30, 4096), 2)] + CLUSTER_SHAPES
 
 
 @pytest.mark.cuda
@@ -420,6 +508,35 @@ def test_cuda_misaligned_and_partial_masks(dtype, shape, groups):
                 torch.testing.assert_close(p, full)
 
 
+def _kernel_names(fn):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.key for e in prof.key_averages() if "group_norm" in e.key}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape,groups", CLUSTER_SHAPES[:3])
+def test_cuda_cluster_kernels_taken(shape, groups):
+    """Which kernels run: the cluster ones on sm_90 and newer for aligned CLUSTER_SHAPES,
+    the persistent ones for misaligned x, groups of one tile and older GPUs."""
+    x = randn(*shape, dtype=torch.bfloat16, device="cuda")
+
+    def step(x):
+        w, b = _params(x.shape[1], torch.bfloat16, device="cuda")
+        y, mean, rstd = torch.ops.fk._group_norm_forward(x, w, b, groups, 1e-6)
+        torch.ops.fk._group_norm_backward(y, x, w, b, mean, rstd, groups, [True] * 3)
+
+    cluster = {"group_norm_fwd_cluster_kernel", "group_norm_bwd_cluster_kernel"}
+    persistent = {"group_norm_fwd_kernel", "group_norm_bwd_kernel"}
+    sm90 = torch.cuda.get_device_capability()[0] >= 9
+    assert _kernel_names(lambda: step(x)) >= (cluster if sm90 else persistent)
+    assert not _kernel_names(lambda: step(misaligned(x))) & cluster
+    one_tile = randn(2, 2 * groups, 4096, dtype=torch.bfloat16, device="cuda")
+    assert not _kernel_names(lambda: step(one_tile)) & cluster
+
+
 @pytest.mark.cuda
 def test_cuda_bad_input_same_message_as_cpu():
     for name, make, msg in BAD:
@@ -451,8 +568,10 @@ def test_cuda_empty_opcheck_compile():
 
 
 @pytest.mark.cuda
-def test_cuda_graph_capture():
-    shape = (4, 64, 1000)
+@pytest.mark.parametrize("shape", [(4, 64, 1000), (4, 64, 4096)])
+def test_cuda_graph_capture(shape):
+    """Captured and replayed on new x: the persistent kernels, and (HW 4096, 4 channels a
+    group) the cluster kernels, whose launches carry the cluster size."""
     x = randn(*shape, device="cuda", dtype=torch.bfloat16)
     dy = randn(*shape, device="cuda", dtype=torch.bfloat16)
     w, b = _params(64, torch.bfloat16, device="cuda")

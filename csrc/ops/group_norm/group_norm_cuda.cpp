@@ -6,6 +6,8 @@
 // Backward: one persistent launch (per-channel sums of dy * xhat and dy, stored per
 // (sample, channel), then dx from the same group re-read from L2), then one small launch
 // summing the per-(sample, channel) partials over the batch into dweight and dbias.
+// On sm_90 and newer, groups of 2-8 whole tiles (cluster_programs) run the cluster kernels
+// instead: one tile per program, a group per thread-block cluster, x and dy read once.
 #include <algorithm>
 #include <array>
 
@@ -31,6 +33,41 @@ constexpr uint32_t kFlagEvenC = 2;
 // Bytes of groups in flight the persistent grid aims at, so that the second pass over a
 // group finds it in L2 (40 MB on A100, 50 MB on H100 / H200).
 constexpr int64_t kL2Budget = int64_t{32} << 20;
+
+// Mirrors triton_src/group_norm.py: CLUSTER_TILE, CLUSTER_HW (powers of two from 64 up to
+// the tile), CLUSTER_MAX (_common.py).
+constexpr int64_t kClusterTile = 8192;
+constexpr int64_t kClusterMinHw = 64;
+constexpr int64_t kClusterMax = 8;
+// Groups of one tile keep the persistent kernels (the cluster form was timed from 2 tiles).
+constexpr int64_t kClusterMin = 2;
+
+// Programs per group (the cluster size) of the cluster kernels, 0 where they do not apply:
+// HW a power of two in [64, kClusterTile] (one tile row), Cg a multiple of the tile's
+// kClusterTile / HW channels, 2-8 tiles a group, every tensor 16-byte aligned, and a build
+// with the family's variants for x's GPU and dtype (sm_90 and newer).
+int64_t cluster_programs(const runtime::KernelFamily& fam, const Tensor& x, int64_t cg,
+                         int64_t hw, std::initializer_list<const Tensor*> ts) {
+  if (hw < kClusterMinHw || hw > kClusterTile || (hw & (hw - 1)) != 0) return 0;
+  const int64_t bc = kClusterTile / hw;
+  if (cg % bc != 0) return 0;
+  const int64_t cl = cg / bc;
+  if (cl < kClusterMin || cl > kClusterMax || !runtime::aligned16(ts)) return 0;
+  return fam.max_block(x) >= hw ? cl : 0;
+}
+
+// weight / bias for the cluster kernels, which read them in x's dtype (has 1) or float32
+// (has 2): as they are when of x's dtype or float32, else converted to float32; `fallback`
+// stands in for an absent one (has 0, never read).
+struct Param {
+  Tensor t;
+  int64_t has;
+};
+Param cluster_param(const std::optional<Tensor>& p, const Tensor& x, const Tensor& fallback) {
+  if (!has(p)) return {fallback, 0};
+  if (p->scalar_type() == x.scalar_type()) return {aten::contiguous(*p), 1};
+  return {aten::contiguous(aten::to(*p, kFloat)), 2};
+}
 
 struct Choice {
   int64_t hw, c, most_per_sm;
@@ -99,6 +136,16 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_forward_cuda(Tensor x,
   }
   check_sizes(op, s, num_groups);
   const int64_t cg = s.c / num_groups, groups = s.n * num_groups;
+  static const auto& fwd_cluster = runtime::family("group_norm_fwd_cluster");
+  if (const int64_t cl = cluster_programs(fwd_cluster, xc, cg, s.hw, {&xc, &y})) {
+    const auto& k = fwd_cluster.pick(op, xc, s.hw, runtime::kFlagAligned);
+    const Param w = cluster_param(weight, xc, mean), b = cluster_param(bias, xc, mean);
+    KernelArgs args;
+    args.ptr(xc).ptr(w.t).ptr(w.t).ptr(b.t).ptr(b.t).ptr(y).ptr(mean).ptr(rstd)
+        .i32(num_groups).i32(cl).f32(eps).i32(w.has).i32(b.has);
+    runtime::launch(op, k, x.device(), {groups * cl, 1, 1}, args, static_cast<int>(cl));
+    return {y, mean, rstd};
+  }
   auto w = param_f32(weight, mean), b = param_f32(bias, mean);
   const Choice t = choose_tile(cg, s.hw);
   static const auto& fwd = runtime::family("group_norm_fwd");
@@ -135,24 +182,34 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_backward_cuda(
   const int64_t cg = s.c / num_groups, groups = s.n * num_groups;
   auto xc = aten::contiguous(x), dy = aten::contiguous(grad_y);
   auto mean_c = aten::contiguous(mean), rstd_c = aten::contiguous(rstd);
-  auto w = param_f32(weight, mean_c);
   auto partial = aten::empty({2, s.n * s.c}, kFloat, x.device());
   // dx stands in for itself when not wanted: the kernel skips its second pass.
   Tensor dx_arg = want_dx ? dx : xc;
-  const Choice t = choose_tile(cg, s.hw);
-  static const auto& bwd = runtime::family("group_norm_bwd");
-  // Aligned, with Cg a multiple of the tile's channels: the prefetching variants.
-  uint32_t bflags = flags_for(t, s.hw, {&xc, &dy, &dx_arg});
-  if (bflags & runtime::kFlagAligned && cg % t.c == 0) bflags |= kFlagEvenC;
-  const auto& k = bwd.pick(op, xc, t.hw * kKey + t.c, bflags);
-  const int64_t group_bytes = 2 * cg * s.hw * static_cast<int64_t>(x.element_size());
-  KernelArgs args;
-  args.ptr(dy).ptr(xc).ptr(w).ptr(mean_c).ptr(rstd_c).ptr(dx_arg).ptr(partial).i32(groups)
-      .i32(num_groups).i32(cg).i32(s.hw).i32(has(weight) ? 1 : 0).i32(want_dx ? 1 : 0);
-  // The backward holds twice the fp32 values per thread: half the programs per SM.
-  const int64_t per_sm = std::max<int64_t>(1, t.most_per_sm / 2);
-  const int64_t programs = programs_for(groups, group_bytes, x.device(), per_sm);
-  runtime::launch(op, k, x.device(), {programs, 1, 1}, args);
+  static const auto& bwd_cluster = runtime::family("group_norm_bwd_cluster");
+  if (const int64_t cl = cluster_programs(bwd_cluster, xc, cg, s.hw, {&xc, &dy, &dx_arg})) {
+    const auto& k = bwd_cluster.pick(op, xc, s.hw, runtime::kFlagAligned);
+    const Param w = cluster_param(weight, xc, mean_c);
+    KernelArgs args;
+    args.ptr(dy).ptr(xc).ptr(w.t).ptr(w.t).ptr(mean_c).ptr(rstd_c).ptr(dx_arg).ptr(partial)
+        .i32(groups).i32(num_groups).i32(cl).i32(w.has).i32(want_dx ? 1 : 0);
+    runtime::launch(op, k, x.device(), {groups * cl, 1, 1}, args, static_cast<int>(cl));
+  } else {
+    auto w = param_f32(weight, mean_c);
+    const Choice t = choose_tile(cg, s.hw);
+    static const auto& bwd = runtime::family("group_norm_bwd");
+    // Aligned, with Cg a multiple of the tile's channels: the prefetching variants.
+    uint32_t bflags = flags_for(t, s.hw, {&xc, &dy, &dx_arg});
+    if (bflags & runtime::kFlagAligned && cg % t.c == 0) bflags |= kFlagEvenC;
+    const auto& k = bwd.pick(op, xc, t.hw * kKey + t.c, bflags);
+    const int64_t group_bytes = 2 * cg * s.hw * static_cast<int64_t>(x.element_size());
+    KernelArgs args;
+    args.ptr(dy).ptr(xc).ptr(w).ptr(mean_c).ptr(rstd_c).ptr(dx_arg).ptr(partial).i32(groups)
+        .i32(num_groups).i32(cg).i32(s.hw).i32(has(weight) ? 1 : 0).i32(want_dx ? 1 : 0);
+    // The backward holds twice the fp32 values per thread: half the programs per SM.
+    const int64_t per_sm = std::max<int64_t>(1, t.most_per_sm / 2);
+    const int64_t programs = programs_for(groups, group_bytes, x.device(), per_sm);
+    runtime::launch(op, k, x.device(), {programs, 1, 1}, args);
+  }
 
   if (want_dw || want_db) {
     const Tensor& out = want_dw ? dw : db;
