@@ -65,6 +65,18 @@ def _check_grads(x, w, b, groups, dy, got, dtype, pdt, eps=1e-6):
 
 # --- level 1: the Triton source under the interpreter ---------------------------------
 
+def _check_forward(x, w, b, groups, eps, dtype, y, mean, rstd):
+    """A forward kernel's y, mean and rstd against the float64 reference; returns x's groups
+    in float64, (n, groups, group size)."""
+    assert_close(y, ref_group_norm(x, w, b, groups, eps, cast=round_toward_zero), dtype,
+                 factor=2, what="y")
+    xg = x.double().reshape(x.shape[0], groups, -1)
+    assert_close(mean, xg.mean(-1), torch.float32, what="mean")
+    assert_close(rstd, 1 / torch.sqrt(xg.var(-1, unbiased=False) + eps), torch.float32,
+                 factor=10, what="rstd")
+    return xg
+
+
 _INTERPRETER_CASES = [
     ((3, 6, 5), 2, 2, 4, "wb", 2), ((3, 6, 5), 2, 2, 4, "wb", 4), ((2, 4, 16), 1, 4, 16, "", 2),
     ((3, 8), 2, 4, 1, "wb", 2), ((3, 8), 2, 4, 1, "wb", 6), ((2, 32, 12), 2, 4, 8, "wb", 3)]
@@ -94,12 +106,7 @@ def test_interpreter(dtype, shape, groups, block_c, block_hw, which, programs, p
     mod.group_norm_fwd_kernel[(programs,)](x, wa, ba, y, mean, rstd, n * groups, groups, cg,
                                            hw, eps, int(w is not None), int(b is not None),
                                            BLOCK_C=block_c, BLOCK_HW=block_hw)
-    assert_close(y, ref_group_norm(x, w, b, groups, eps, cast=round_toward_zero), dtype,
-                 factor=2, what="y")
-    xg = x.double().reshape(n, groups, -1)
-    assert_close(mean, xg.mean(-1), torch.float32, what="mean")
-    assert_close(rstd, 1 / torch.sqrt(xg.var(-1, unbiased=False) + eps), torch.float32,
-                 factor=10, what="rstd")
+    xg = _check_forward(x, w, b, groups, eps, dtype, y, mean, rstd)
     dx = torch.full_like(x, float("nan"))
     partial = torch.full((2, n * c), float("nan"))
     mod.group_norm_bwd_kernel[(programs,)](dy, x, wa, mean, rstd, dx, partial, n * groups,
@@ -183,12 +190,7 @@ def test_interpreter_cluster(dtype, params, shape, groups, block_c, monkeypatch)
         mod.group_norm_fwd_cluster_kernel[(n * groups * cl,)](
             x, wa, wa, ba, ba, y, mean, rstd, groups, cl, eps, has, has, BLOCK_C=block_c,
             BLOCK_HW=hw)
-    assert_close(y, ref_group_norm(x, w, b, groups, eps, cast=round_toward_zero), dtype,
-                 factor=2, what="y")
-    xg = x.double().reshape(n, groups, -1)
-    assert_close(mean, xg.mean(-1), torch.float32, what="mean")
-    assert_close(rstd, 1 / torch.sqrt(xg.var(-1, unbiased=False) + eps), torch.float32,
-                 factor=10, what="rstd")
+    xg = _check_forward(x, w, b, groups, eps, dtype, y, mean, rstd)
     monkeypatch.setattr(mod, "cluster_sums", _ClusterSums())
     dx = torch.full_like(x, float("nan"))
     partial = torch.full((2, n * c), float("nan"))
