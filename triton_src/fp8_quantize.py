@@ -34,7 +34,7 @@ sm_80 has no FP8 conversions.
 import triton
 import triton.language as tl
 
-from _common import (DTYPES, FLAG_ALIGNED, Variant, abs_nan_inf, aligned_args,
+from _common import (DTYPES, FLAG_ALIGNED, Variant, aligned_args, fp8_amax,
                      fp8_store_1x128, fp8_store_packed)
 from _common import fp8_quantize_values as _quantize
 from _common import fp8_scale as _scale
@@ -54,13 +54,15 @@ FORMS = ((0, 128, 128, 8), (FLAG_ROWS, 32, 128, 4), (FLAG_COLS, 128, 32, 4),
 # 32-bit words (PACKED; M is then a multiple of 16), at these warps (tune_fp8_quantize.py
 # --packed, H100, 8192 x 4096 bf16: both 113.9 -> 104.4 us, column-wise 75.9 -> 56.2 us;
 # benchmarks/NOTES.md v17).
-PACKED_WARPS = {0: 8, FLAG_COLS: 2}
+# Both copies at 4 warps, 2 programs per SM since v24's leaner quantization (8192 x 4096
+# bf16 on an H100: 92.6 us at v21's 1 per SM and 8 warps, 79.6 lean at that config, 62.4 lean
+# here; benchmarks/NOTES.md v24).
+PACKED_WARPS = {0: 4, FLAG_COLS: 2}
 # Packed forms run over a persistent grid of this many programs per multiprocessor
-# (PERSISTENT; the launcher reads it from the variant): both copies, 1 per SM at 8 warps,
-# at 8192 x 4096 bf16 0.103 -> 0.091 ms on an H100 and 0.102 -> 0.090 ms on an H200
-# (benchmarks/NOTES.md v21). The column-wise copy alone stays one tile a program (56.7 us
-# against 66.7 at best over a persistent grid, H100).
-PERSISTENT_PER_SM = {0: 1}
+# (PERSISTENT; the launcher reads it from the variant): both copies (v21: 0.103 -> 0.091 ms at
+# 1 per SM, 8 warps, on an H100; 0.102 -> 0.090 ms on an H200). The column-wise copy alone
+# stays one tile a program (56.7 us against 66.7 at best over a persistent grid, H100).
+PERSISTENT_PER_SM = {0: 2}
 
 
 @triton.jit
@@ -116,9 +118,9 @@ def _plain(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_row, want_col
     qt_offs = cols[:, None] * M + rows[None, :]
     mask_t = cmask[:, None] & rmask[None, :]
     if weight != 0:
-        a = abs_nan_inf(x)  # a NaN counts as inf: the block's scale is NaN
-        s = _scale(tl.max(tl.max(a, axis=1), axis=0), pow2)
-        q = _quantize(x, s)
+        # a NaN in the block makes its scale NaN
+        s = _scale(fp8_amax(fp8_amax(tl.abs(x), 1), 0), pow2)
+        q = _quantize(x, s, q_ptr.dtype.element_ty)
         tl.store(q_ptr + q_offs, q.to(q_ptr.dtype.element_ty), mask=mask & (want_row != 0))
         # float8 values transposed (the float32 ones, transposed, came out NaN in 3 of 8
         # elements for float32 weights under Triton 3.6)

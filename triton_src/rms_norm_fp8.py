@@ -24,7 +24,7 @@ FP8 variants exist for sm_90 and newer only, as fp8_quantize's.
 import triton
 import triton.language as tl
 
-from _common import (DTYPES, FLAG_ALIGNED, Variant, abs_nan_inf, aligned_args,
+from _common import (DTYPES, FLAG_ALIGNED, Variant, aligned_args, fp8_amax,
                      fp8_quantize_values, fp8_scale, fp8_store_1x128, rms_normalize,
                      rms_weight)
 
@@ -59,8 +59,9 @@ def rms_norm_fp8_rows_kernel(x_ptr, w_ptr, q_ptr, s_ptr, y_ptr, rstd_ptr, M, K, 
         tl.store(y_ptr + offs, y.to(dtype), mask=mask)
     if want_row != 0:
         yb = tl.reshape(y, (ROWS, NB, 128))
-        s = fp8_scale(tl.max(abs_nan_inf(yb), axis=2), pow2)  # (ROWS, NB)
-        q = tl.reshape(fp8_quantize_values(yb, s[:, :, None]), (ROWS, BLOCK_K))
+        s = fp8_scale(fp8_amax(tl.abs(yb), 2), pow2)  # (ROWS, NB)
+        q = tl.reshape(fp8_quantize_values(yb, s[:, :, None], q_ptr.dtype.element_ty),
+                       (ROWS, BLOCK_K))
         tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
         blocks = tl.arange(0, NB)
         smask = rmask[:, None] & (blocks * 128 < K)[None, :]

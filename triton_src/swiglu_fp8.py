@@ -37,7 +37,7 @@ newer only (as fp8_quantize: sm_80 has no FP8 conversions).
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args, fp8_store_packed
+from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args, fp8_amax, fp8_store_packed
 from _common import fp8_quantize_values as _quantize
 from _common import fp8_scale as _scale
 
@@ -64,17 +64,16 @@ def _store_fp8(v, rows, cols, rmask, cmask, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, 
     """Quantizes the fp32 tile v of an (M, K) matrix at (rows, cols): its rows are 1 x 128
     blocks of the row-wise copy (scales in row sb_row of s (.., M)), its columns blocks of
     the column-wise copy (K, M) (scales in row sb_col of st (.., K))."""
-    a = tl.abs(v)
-    a = tl.where(a == a, a, float("inf"))  # a NaN counts as inf: the block's scale is NaN
+    a = tl.abs(v)  # a NaN in a block makes its scale NaN (fp8_amax)
     if want_row != 0:
-        s_r = _scale(tl.max(a, axis=1), pow2)
-        q = _quantize(v, s_r[:, None])
+        s_r = _scale(fp8_amax(a, 1), pow2)
+        q = _quantize(v, s_r[:, None], q_ptr.dtype.element_ty)
         tl.store(q_ptr + rows[:, None] * K + cols[None, :], q.to(q_ptr.dtype.element_ty),
                  mask=rmask[:, None] & cmask[None, :])
         tl.store(s_ptr + sb_row * M + rows, s_r, mask=rmask)
     if want_col != 0:
-        s_c = _scale(tl.max(a, axis=0), pow2)
-        qt = _quantize(v, s_c[None, :])
+        s_c = _scale(fp8_amax(a, 0), pow2)
+        qt = _quantize(v, s_c[None, :], qt_ptr.dtype.element_ty)
         tl.store(qt_ptr + cols[:, None] * M + rows[None, :],
                  tl.trans(qt).to(qt_ptr.dtype.element_ty), mask=cmask[:, None] & rmask[None, :])
         tl.store(st_ptr + sb_col * K + cols, s_c, mask=cmask)
