@@ -174,9 +174,10 @@ def test_variants_cover_every_dtype():
             # the word stores need M % 4 == 0: aligned variants of 1 x 128 forms with qt only
             assert v.constexprs["PACKED"] == int(bool(v.flags & 1) and form[0] in (
                 0, mod.FLAG_COLS))
-            # the persistent grid: packed variants of both copies only
-            assert v.constexprs["PERSISTENT"] == int(v.constexprs["PACKED"] == 1
-                                                     and form[0] == 0)
+            # the persistent grid (programs per SM): packed variants of both copies only
+            persistent = v.constexprs["PACKED"] == 1 and form[0] == 0
+            assert v.constexprs["PERSISTENT"] == (mod.PERSISTENT_PER_SM[0] if persistent else 0)
+            assert (v.constexprs["PERSISTENT"] >= 1) == persistent
 
 
 # --- level 2: the CPU backend -----------------------------------------------------------
