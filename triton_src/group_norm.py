@@ -32,8 +32,9 @@ one tile row exactly (HW a power of two from 64 to CLUSTER_TILE, Cg a multiple o
 channels) is instead held in registers by a thread-block cluster of that many programs, one
 tile each: x (and dy) are read once, and the cluster's two partial sums (forward: sum and
 sum of squares; backward: A and Bs) meet in distributed shared memory (cluster_sums). At
-(32, 512, 4096) bf16 on an H100 that moves the minimum bytes at 83 % of copy bandwidth,
-where the two-pass kernels reach 75 % (benchmarks/NOTES.md v24).
+(32, 512, 4096) bf16 on an H100, fwd + bwd with L2 flushed before each step, that moves the
+minimum bytes at 80 % of copy bandwidth, where the two-pass kernels reach 75 %
+(benchmarks/NOTES.md v24).
 
 Kernels:
   group_norm_fwd_cluster_kernel, group_norm_bwd_cluster_kernel
@@ -424,7 +425,8 @@ REDUCE_B, REDUCE_C, REDUCE_WARPS = 32, 32, 2
 # The cluster forms (sm_90 and newer): tiles of CLUSTER_TILE elements at CLUSTER_WARPS, one
 # variant per BLOCK_HW in CLUSTER_HW (BLOCK_C = CLUSTER_TILE / BLOCK_HW), keyed by BLOCK_HW.
 # (2, 4096) tiles at 8 warps, against 4 (2 CTAs per SM) or 16 warps and 16384-element tiles:
-# fwd + bwd 268 us at (32, 512, 4096) bf16 on an H100 (benchmarks/NOTES.md v24).
+# fwd + bwd 268 us at (32, 512, 4096) bf16 on an H100 in the JIT probe's back-to-back pairs
+# (benchmarks/NOTES.md v24).
 CLUSTER_TILE, CLUSTER_WARPS = 8192, 8
 CLUSTER_HW = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 CLUSTER_MIN_ARCH = 90
