@@ -424,7 +424,8 @@ FLAG_EVEN_C = 2
 REDUCE_B, REDUCE_C, REDUCE_WARPS = 32, 32, 2
 # The cluster forms (sm_90 and newer): tiles of CLUSTER_TILE elements at CLUSTER_WARPS, one
 # variant per BLOCK_HW in CLUSTER_HW (BLOCK_C = CLUSTER_TILE / BLOCK_HW), keyed by BLOCK_HW.
-# (2, 4096) tiles at 8 warps, against 4 (2 CTAs per SM) or 16 warps and 16384-element tiles:
+# (2, 4096) tiles at 8 warps (two programs per SM), against 16 or 32 warps and tiles of up to
+# 32768 elements:
 # fwd + bwd 268 us at (32, 512, 4096) bf16 on an H100 in the JIT probe's back-to-back pairs
 # (benchmarks/NOTES.md v24).
 CLUSTER_TILE, CLUSTER_WARPS = 8192, 8
