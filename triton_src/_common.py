@@ -187,15 +187,15 @@ def fp8_amax(a, axis: tl.constexpr):
 
 
 @triton.jit
-def fp8_store_rowwise(v, a, rows, cols, M, K, cb, q_ptr, s_ptr, pow2):
+def fp8_store_rowwise(v, a, rows, cols, M, K, cb, q_ptr, s_ptr, pow2, end):
     """The row-wise copy of the fp32 rows v (rows `rows`, columns `cols` of an (M, K)
     matrix; each row one 1 x 128 block, a = |v|): data at q[rows, cols], scales at
-    s[cb, rows]."""
+    s[cb, rows]; rows from ``end`` (<= M) on are not stored."""
     s_r = fp8_scale(fp8_amax(a, 1), pow2)
     q = fp8_quantize_values(v, s_r[:, None], q_ptr.dtype.element_ty)
     tl.store(q_ptr + rows[:, None] * K + cols[None, :], q.to(q_ptr.dtype.element_ty),
-             mask=(rows < M)[:, None] & (cols < K)[None, :])
-    tl.store(s_ptr + cb * M + rows, s_r, mask=rows < M)
+             mask=(rows < end)[:, None] & (cols < K)[None, :])
+    tl.store(s_ptr + cb * M + rows, s_r, mask=rows < end)
 
 
 @triton.jit
@@ -212,7 +212,7 @@ def fp8_store_1x128(v, rb, cb, rows, cols, M, K, q_ptr, s_ptr, qt_ptr, st_ptr, w
     cmask = cols < K
     a = tl.abs(v)
     if want_row != 0:
-        fp8_store_rowwise(v, a, rows, cols, M, K, cb, q_ptr, s_ptr, pow2)
+        fp8_store_rowwise(v, a, rows, cols, M, K, cb, q_ptr, s_ptr, pow2, M)
     if want_col != 0:
         s_c = fp8_scale(fp8_amax(a, 0), pow2)
         qt = fp8_quantize_values(v, s_c[None, :], qt_ptr.dtype.element_ty)
@@ -229,28 +229,45 @@ def fp8_bits(x, s, shift: tl.constexpr):
 
 
 @triton.jit
-def fp8_store_packed(x0, x1, x2, x3, grp, cols, M, K, rb, cb, q_ptr, s_ptr, qt_ptr, st_ptr,
-                     want_row, want_col, pow2):
+def fp8_store_packed(x0, x1, x2, x3, grp, off, cols, M, K, rb, cb, q_ptr, s_ptr, qt_ptr, st_ptr,
+                     want_row, want_col, pow2, end, words):
     """fp8_store_1x128 of a tile read as four slabs: xj (fp32, R x cols) holds rows
-    4 * grp + j of an (M, K) matrix (tile (rb, cb); grp the R word indices along M). The
-    column-wise copy is stored in 32-bit words: the float8 bytes of rows 4i .. 4i + 3 of a
-    column make one little-endian word of qt (K, M) viewed as (K, M / 4) int32, so the
-    transposed store moves a quarter as many elements (benchmarks/NOTES.md v17). Needs
-    M % 4 == 0 and a 4-byte aligned qt; elements outside the matrix must read as 0."""
+    4 * grp + off + j of an (M, K) matrix (0 <= off < 4; tile (rb, cb), its column-wise
+    scales in row rb of st); rows from ``end`` (<= M) on are not stored. With ``words``
+    (off == 0, M % 4 == 0, end % 4 == 0 and a 4-byte aligned qt) the column-wise copy is
+    stored in 32-bit words: the float8 bytes of rows 4i .. 4i + 3 of a column make one
+    little-endian word of qt (K, M) viewed as (K, M / 4) int32, so the transposed store
+    moves a quarter as many elements (benchmarks/NOTES.md v17); without, each slab's bytes
+    are stored as they are (the same bytes). Elements of rows from ``end`` on must read as
+    0."""
     a0, a1, a2, a3 = tl.abs(x0), tl.abs(x1), tl.abs(x2), tl.abs(x3)
     if want_row != 0:
-        fp8_store_rowwise(x0, a0, 4 * grp, cols, M, K, cb, q_ptr, s_ptr, pow2)
-        fp8_store_rowwise(x1, a1, 4 * grp + 1, cols, M, K, cb, q_ptr, s_ptr, pow2)
-        fp8_store_rowwise(x2, a2, 4 * grp + 2, cols, M, K, cb, q_ptr, s_ptr, pow2)
-        fp8_store_rowwise(x3, a3, 4 * grp + 3, cols, M, K, cb, q_ptr, s_ptr, pow2)
+        fp8_store_rowwise(x0, a0, 4 * grp + off, cols, M, K, cb, q_ptr, s_ptr, pow2, end)
+        fp8_store_rowwise(x1, a1, 4 * grp + (off + 1), cols, M, K, cb, q_ptr, s_ptr, pow2, end)
+        fp8_store_rowwise(x2, a2, 4 * grp + (off + 2), cols, M, K, cb, q_ptr, s_ptr, pow2, end)
+        fp8_store_rowwise(x3, a3, 4 * grp + (off + 3), cols, M, K, cb, q_ptr, s_ptr, pow2, end)
     if want_col != 0:
         s_c = fp8_scale(fp8_amax(max_nan(max_nan(a0, a1), max_nan(a2, a3)), 0), pow2)
         sc = s_c[None, :]
-        w = fp8_bits(x0, sc, 0) | fp8_bits(x1, sc, 8) | fp8_bits(x2, sc, 16) | \
-            fp8_bits(x3, sc, 24)
-        words = qt_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-        tl.store(words + cols[None, :] * (M // 4) + grp[:, None], w.to(tl.int32, bitcast=True),
-                 mask=(grp < M // 4)[:, None] & (cols < K)[None, :])
+        if words:
+            w = fp8_bits(x0, sc, 0) | fp8_bits(x1, sc, 8) | fp8_bits(x2, sc, 16) | \
+                fp8_bits(x3, sc, 24)
+            wp = qt_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+            tl.store(wp + cols[None, :] * (M // 4) + grp[:, None], w.to(tl.int32, bitcast=True),
+                     mask=(grp < end // 4)[:, None] & (cols < K)[None, :])
+        else:
+            ty = qt_ptr.dtype.element_ty
+            r = 4 * grp + off
+            base = qt_ptr + cols[None, :] * M + r[:, None]
+            cmask = (cols < K)[None, :]
+            tl.store(base, fp8_quantize_values(x0, sc, ty).to(ty),
+                     mask=(r < end)[:, None] & cmask)
+            tl.store(base + 1, fp8_quantize_values(x1, sc, ty).to(ty),
+                     mask=(r + 1 < end)[:, None] & cmask)
+            tl.store(base + 2, fp8_quantize_values(x2, sc, ty).to(ty),
+                     mask=(r + 2 < end)[:, None] & cmask)
+            tl.store(base + 3, fp8_quantize_values(x3, sc, ty).to(ty),
+                     mask=(r + 3 < end)[:, None] & cmask)
         tl.store(st_ptr + rb * K + cols, s_c, mask=cols < K)
 
 

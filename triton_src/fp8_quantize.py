@@ -98,8 +98,8 @@ def _packed_1x128(x0, x1, x2, x3, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, want_row, 
     grp = rb.to(tl.int64) * R + tl.arange(0, R)
     cols = cb.to(tl.int64) * TILE_K + tl.arange(0, TILE_K)
     fp8_store_packed(x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32),
-                     x3.to(tl.float32), grp, cols, M, K, rb, cb, q_ptr, s_ptr, qt_ptr, st_ptr,
-                     want_row, want_col, pow2)
+                     x3.to(tl.float32), grp, 0, cols, M, K, rb, cb, q_ptr, s_ptr, qt_ptr,
+                     st_ptr, want_row, want_col, pow2, M, 1)
 
 
 @triton.jit

@@ -15,9 +15,13 @@ swiglu_fp8_fwd_kernel: one program per tile of TILE_M rows x 128 columns of h, r
     blk_e + cdiv(M_e, 128) - 1 with blk_e = sum_{f<e} cdiv(M_f, 128), its last block is
     partial; programs past the last block see no rows (their scales read 1.0). The counts
     are read on the device (each program sums them itself: no host sync); negative counts
-    read as 0 and rows past M are never touched. PACKED (the aligned plain form with
-    TILE_M = 128; M % 4 == 0) reads the tile as four slabs of rows 4i + j and stores qt in
-    32-bit words of four rows' bytes (_common.fp8_store_packed): the same bytes.
+    read as 0 and rows past M are never touched. PACKED (the aligned forms with TILE_M =
+    128; M % 4 == 0) reads a tile as four slabs of rows row0 + 4i + j and stores qt in
+    32-bit words of four rows' bytes (_common.fp8_store_packed): the same bytes. PACKED = 1
+    (the plain form) does so for every tile; PACKED = 2 (the MoE form) reads every block so (its rows
+    start anywhere) and stores words for each block whose first row and end are multiples
+    of 4, so for every block when all counts are multiples of 4, as segments padded for FP8
+    GEMMs are; other blocks store qt's bytes slab by slab.
 swiglu_fp8_bwd_q_kernel: the input gradient dx (M, 2n) of h = silu(gate) * up given dh
     (M, n), rounded to x's dtype and quantized in 1 x 128 blocks along 2n (q (M, 2n), s
     (2n / 128, M)) and / or as its transposed copy (qt (2n, M), st (cdiv(M, 128), 2n)). One
@@ -97,32 +101,62 @@ def _h_rows(x_ptr, p_ptr, h_ptr, rows, cols, end, n, has_p, want_h):
 
 
 @triton.jit
+def _tile_rows(tpe_ptr, rb, M, E, TILE_M: tl.constexpr, E_BLOCK: tl.constexpr):
+    """(first row, end row) of row tile rb: consecutive tiles of TILE_M rows with E == 0,
+    the rb-th 128-row block counted segment by segment with E > 0."""
+    if E > 0:
+        row0, end = _segment_rows(tpe_ptr, rb, M, E, E_BLOCK)
+    else:
+        row0 = rb.to(tl.int64) * TILE_M
+        end = M.to(tl.int64)
+    return row0, end
+
+
+@triton.jit
+def _packed_tile(x_ptr, p_ptr, h_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, grp0, off, end, rb, cb, M,
+                 n, has_p, want_row, want_col, want_h, pow2, words, TILE_M: tl.constexpr,
+                 TILE_N: tl.constexpr):
+    """The tile of rows 4 * grp0 + off + i (i < TILE_M; rows < end) and column block cb,
+    read as four slabs of rows 4 * (grp0 + i) + off + j, quantized by
+    _common.fp8_store_packed (the column-wise copy in words when ``words``), its
+    column-wise scales in row rb of st."""
+    grp = grp0 + tl.arange(0, TILE_M // 4)
+    cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)
+    r = 4 * grp + off
+    fp8_store_packed(_h_rows(x_ptr, p_ptr, h_ptr, r, cols, end, n, has_p, want_h),
+                     _h_rows(x_ptr, p_ptr, h_ptr, r + 1, cols, end, n, has_p, want_h),
+                     _h_rows(x_ptr, p_ptr, h_ptr, r + 2, cols, end, n, has_p, want_h),
+                     _h_rows(x_ptr, p_ptr, h_ptr, r + 3, cols, end, n, has_p, want_h),
+                     grp, off, cols, M, n, rb, cb, q_ptr, s_ptr, qt_ptr, st_ptr, want_row,
+                     want_col, pow2, end, words)
+
+
+@triton.jit
 def swiglu_fp8_fwd_kernel(x_ptr, p_ptr, tpe_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, h_ptr, M, n, E,
                           has_p, want_row, want_col, want_h, pow2, TILE_M: tl.constexpr,
                           TILE_N: tl.constexpr, E_BLOCK: tl.constexpr, PACKED: tl.constexpr = 0):
     rb = tl.program_id(0)
     cb = tl.program_id(1)
-    if PACKED:  # the plain form (E == 0), M % 4 == 0: four slabs of rows 4i + j, words of qt
-        R: tl.constexpr = TILE_M // 4
-        grp = rb.to(tl.int64) * R + tl.arange(0, R)
-        cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)
-        fp8_store_packed(_h_rows(x_ptr, p_ptr, h_ptr, 4 * grp, cols, M, n, has_p, want_h),
-                         _h_rows(x_ptr, p_ptr, h_ptr, 4 * grp + 1, cols, M, n, has_p, want_h),
-                         _h_rows(x_ptr, p_ptr, h_ptr, 4 * grp + 2, cols, M, n, has_p, want_h),
-                         _h_rows(x_ptr, p_ptr, h_ptr, 4 * grp + 3, cols, M, n, has_p, want_h),
-                         grp, cols, M, n, rb, cb, q_ptr, s_ptr, qt_ptr, st_ptr, want_row,
-                         want_col, pow2)
+    if PACKED == 1:  # the plain form, M % 4 == 0: every tile's column-wise copy in words
+        _packed_tile(x_ptr, p_ptr, h_ptr, q_ptr, s_ptr, qt_ptr, st_ptr,
+                     rb.to(tl.int64) * (TILE_M // 4), 0, M, rb, cb, M, n, has_p, want_row,
+                     want_col, want_h, pow2, 1, TILE_M, TILE_N)
     else:
-        if E > 0:
-            row0, end = _segment_rows(tpe_ptr, rb, M, E, E_BLOCK)
+        row0, end = _tile_rows(tpe_ptr, rb, M, E, TILE_M, E_BLOCK)
+        if PACKED == 2:
+            # The MoE form, M % 4 == 0: read as slabs; the column-wise copy in words for a
+            # block whose first row and end are multiples of 4 (every block of segments
+            # padded to multiples of 4), as bytes for any other.
+            end = tl.minimum(end, row0 + TILE_M)
+            _packed_tile(x_ptr, p_ptr, h_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, row0 >> 2, row0 & 3,
+                         end, rb, cb, M, n, has_p, want_row, want_col, want_h, pow2,
+                         ((row0 & 3) == 0) & ((end & 3) == 0), TILE_M, TILE_N)
         else:
-            row0 = rb.to(tl.int64) * TILE_M
-            end = M.to(tl.int64)
-        rows = row0 + tl.arange(0, TILE_M)
-        cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)
-        h = _h_rows(x_ptr, p_ptr, h_ptr, rows, cols, end, n, has_p, want_h)
-        _store_fp8(h, rows, cols, rows < end, cols < n, q_ptr, s_ptr, qt_ptr, st_ptr, M, n, cb,
-                   rb, want_row, want_col, pow2)
+            rows = row0 + tl.arange(0, TILE_M)
+            cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)
+            h = _h_rows(x_ptr, p_ptr, h_ptr, rows, cols, end, n, has_p, want_h)
+            _store_fp8(h, rows, cols, rows < end, cols < n, q_ptr, s_ptr, qt_ptr, st_ptr, M,
+                       n, cb, rb, want_row, want_col, pow2)
 
 
 @triton.jit
@@ -209,6 +243,8 @@ _TYPES = {**_FP8, "p_ptr": "*fp32", "dp_ptr": "*fp32", "tpe_ptr": "*i64", "M": "
 TILES_M = (32, 128)
 # MoE form with the column-wise copy: experts per program's scan (the smallest >= E).
 E_BLOCKS = (64, 256, 1024)
+# Warps of the aligned MoE form (PACKED = 2).
+MOE_PACKED_WARPS = 4
 # dx kernel: tiles of DX_ROWS rows x DX_BLOCK columns (16 bytes per thread and load for 2-byte
 # types with 4 warps), looped over n; the variant quantizing dx row-wise ("swiglu_fp8_dx_q")
 # takes chunks of one block, 128 columns, over 8 rows.
@@ -253,11 +289,13 @@ def variants(arch: int) -> list:
                                    num_warps=8 if tile == TILE else 4, flags=flags,
                                    divisible_by_16=aligned_args(bwd_q, flags, ("M", "n"))))
             for eb in E_BLOCKS:
+                # The aligned MoE form stores words where the segments allow (PACKED = 2).
                 out.append(Variant(family="moe_swiglu_fp8_fwd", kernel="swiglu_fp8_fwd_kernel",
                                    dtype=dt, block=eb, signature=fwd,
                                    constexprs={"TILE_M": TILE, "TILE_N": TILE, "E_BLOCK": eb,
-                                               "PACKED": 0},
-                                   num_warps=8, flags=flags, divisible_by_16=mn))
+                                               "PACKED": 2 if flags else 0},
+                                   num_warps=MOE_PACKED_WARPS if flags else 8, flags=flags,
+                                   divisible_by_16=mn))
             for fam, rows, block in (("swiglu_fp8_dx", DX_ROWS, DX_BLOCK),
                                      ("swiglu_fp8_dx_q", DX_Q_ROWS, TILE)):
                 out.append(Variant(family=fam, kernel="swiglu_fp8_dx_kernel", dtype=dt,

@@ -260,6 +260,40 @@ def test_interpreter_packed_path(dtype, layout, shape, with_probs):
         torch.testing.assert_close(h0, h1, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["both", "columnwise"])
+@pytest.mark.parametrize("counts", [[0, 132, 8, 0, 164, 0], [128, 1, 127, 44], [0, 3, 300, 5],
+                                    [260]])
+def test_interpreter_moe_packed_path(dtype, layout, counts):
+    """The MoE forward's PACKED = 2 path (every block read as four slabs of interleaved rows;
+    the column-wise copy in words where a block's first row and end are multiples of 4, as
+    bytes slab by slab elsewhere) writes the same bytes, scales and h as the transposed-tile
+    path, which test_interpreter_moe_forward checks against the reference: float8 outputs on
+    both sides, compared as bits. Counts that are multiples of 4 (words in every block),
+    ones that are not (blocks starting at rows 1, 128 + 1, ...), empty segments."""
+    mod = load_triton_src("swiglu_fp8")
+    x, probs, tpe = moe_inputs(counts, 140, dtype)
+    x[0, :128] = 0
+    x[3, 5] = math.nan
+    m, n, e = x.shape[0], x.shape[1] // 2, len(counts)
+    rows_t = (m + 127 * e) // 128
+    want_row = int(layout == "both")
+    got = []
+    for packed in (0, 2):
+        q = torch.zeros(m, n, dtype=torch.float8_e4m3fn)
+        qt = torch.zeros(n, m, dtype=torch.float8_e4m3fn)
+        s, st = torch.full((cdiv(n, 128), m), -1.0), torch.full((rows_t, n), -1.0)
+        h = torch.zeros(m, n, dtype=x.dtype)
+        mod.swiglu_fp8_fwd_kernel[(rows_t, cdiv(n, 128))](
+            x, probs, tpe, q, s, qt, st, h, m, n, e, 1, want_row, 1, 1, 0, TILE_M=128,
+            TILE_N=128, E_BLOCK=64, PACKED=packed)
+        got.append([q.view(torch.uint8), s.view(torch.int32), qt.view(torch.uint8),
+                    st.view(torch.int32), h])
+    for a, b in zip(*got):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    assert (got[1][1] == torch.tensor(-1.0).view(torch.int32)).all() != bool(want_row)
+
+
 def test_variants_cover_every_dtype():
     mod = load_triton_src("swiglu_fp8")
     assert mod.variants(80) == []
@@ -272,9 +306,10 @@ def test_variants_cover_every_dtype():
                             ("swiglu_fp8_dx", (mod.DX_BLOCK,)), ("swiglu_fp8_dx_q", (128,))):
             assert fams[fam] == {(dt, f, b) for dt in ("fp32", "bf16", "fp16") for f in (0, 1)
                                  for b in blocks}, fam
-        for v in mod.variants(arch):  # the word stores need M % 4 == 0 and E == 0
-            packed = v.family == "swiglu_fp8_fwd" and v.flags == 1 and v.block == 128
-            assert v.constexprs.get("PACKED", 0) == int(packed), (v.family, v.flags, v.block)
+        for v in mod.variants(arch):  # the word stores need M % 4 == 0
+            packed = {"swiglu_fp8_fwd": int(v.flags == 1 and v.block == 128),
+                      "moe_swiglu_fp8_fwd": 2 * int(v.flags == 1)}.get(v.family, 0)
+            assert v.constexprs.get("PACKED", 0) == packed, (v.family, v.flags, v.block)
 
 
 # --- level 2: the CPU backend ---------------------------------------------------------------
@@ -662,9 +697,11 @@ def test_cuda_zeros_inf_nan(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("counts", COUNTS + [[0] * 100 + [4096] + [1] * 900 + [0] * 23,
-                                            [1024] * 8, [37] * 256])
+                                            [1024] * 8, [37] * 256, [132, 5, 0, 171] * 64])
 def test_cuda_moe_forward(dtype, layout, counts):
-    """Up to 1024 experts (the largest expert block), empty ones, segments of 1 row."""
+    """Up to 1024 experts (the largest expert block), empty ones, segments of 1 row. The
+    aligned shapes (M and n multiples of 16) run the slab path: [1024] * 8 stores the
+    column-wise copy in words only, [37] * 256 mostly as bytes, the last both."""
     _need_fp8_gpu()
     big = sum(counts) > 1000
     n = 1408 if big else 140
