@@ -1,9 +1,8 @@
 """Helpers of the launch-configuration sweeps (tune_jsd.py, tune_group_norm.py, tune_dyt.py,
 tune_poly_norm.py, tune_rope.py, tune_qwen2vl_mrope.py, tune_gated_group_rms_norm.py,
 tune_moe_permute.py): timing (GPU median, or one run under the Triton interpreter), the
-measured copy bandwidth the times are read against, the closeness check each candidate
-kernel passes before it is timed, and a stand-in for cross_entropy's cluster exchange under
-the interpreter.
+measured copy bandwidth the times are read against, and the closeness check each candidate
+kernel passes before it is timed.
 
 With ``--device cpu`` (and TRITON_INTERPRET=1 in the environment) a script runs every
 kernel once at a small shape on torch CPU tensors: a check of the candidate kernels' logic,
@@ -114,42 +113,3 @@ def exp2_poly(v):
     scale = ((k.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
     return p * scale
 
-
-class ClusterExchangeEmulation:
-    """Stands in for triton_src/cross_entropy.py's _cluster_exchange (and, through
-    ``arrive``, _cluster_arrive) in a kernel run under the interpreter. The interpreter runs
-    the programs one after another, so a program cannot wait at the cluster's meeting for
-    the others: each call keeps the caller's values under (key, rank) and returns the values
-    kept for every rank of that key, flat as the hardware exchange returns them (value v of
-    rank j at v * CHUNKS + j), NaN for a rank whose values are not kept yet. A kernel run
-    twice therefore finds every rank's values in its second run, provided they are the
-    same in both runs: a value kept again must equal the one kept before (else
-    AssertionError). The hardware's slot and first arguments have no meaning here.
-
-    Use: set the kernel module's ``_cluster_exchange`` to the instance and its
-    ``_cluster_arrive`` to ``ClusterExchangeEmulation.arrive``, launch twice."""
-
-    def __init__(self):
-        self.kept = {}
-
-    @staticmethod
-    def arrive(x):
-        return x
-
-    @staticmethod
-    def _scalar(t):
-        t = getattr(t, "value", t)  # a constexpr
-        return t.handle.data.item() if hasattr(t, "handle") else t
-
-    def __call__(self, key, rank, m, d, sx, sw, slot, first, chunks, general):
-        chunks, general = int(self._scalar(chunks)), bool(self._scalar(general))
-        values = tuple(float(self._scalar(v)) for v in ((m, d, sx, sw) if general else (m, d)))
-        where = (int(self._scalar(key)), int(self._scalar(rank)))
-        before = self.kept.setdefault(where, values)
-        assert before == values or any(v != v for v in before + values), \
-            f"cluster exchange {where}: {values} differs from the earlier run's {before}"
-        self.kept[where] = values
-        missing = (float("nan"),) * len(values)
-        # Fresh tensors of this launch (the interpreter takes no tensor of an earlier one).
-        return tuple(tl.full([], self.kept.get((where[0], j), missing)[v], tl.float32)
-                     for v in range(len(values)) for j in range(chunks))

@@ -5,25 +5,26 @@ num_stages, forward and backward, and candidate forms of the second pass over ea
 (walked in reverse, so the tiles read last in pass 1 are re-read first while they are
 still in L2; with or without the eviction hints). Prints the median time and the fraction
 of the measured copy bandwidth at one shape, forward (x read, y written) and backward
-(x, dy read, dx written; the dweight / dbias reduction timed apart) separately.
+(x, dy read, dx written; the dweight / dbias reduction timed apart) separately. Each
+candidate form is first checked against the library kernel, and the library kernels
+against float64 torch.
 
-Last, a one-pass form of the backward (group_norm_bwd_cluster_kernel): each group split
-over a thread-block cluster of CL = 2, 4 or 8 programs, each holding its share of the
-group's x and dy in registers while the cluster exchanges two sums per program through
-distributed shared memory, so x and dy are read from DRAM once (floor: 3 x 2 bytes an
-element at copy bandwidth: 403 MB, 134 us at (32, 512, 4096) bf16 on a 3.0 TB/s H100).
-Swept over CL x the split of the cluster into channel x position ranges (which sets the
-per-program tile) x warps x the grid (1, 2, 4 programs per SM, or one cluster per group), each
-configuration first checked against the library kernel and a float64 torch reference, and
-printed next to the library kernel's time; its reduction over CL_HW times the rows is timed
-apart. --cluster-only runs the checks and this part only. Under the interpreter the
-cluster exchange is emulated (_tune.ClusterExchangeEmulation) and the form's numbers are
-checked at the given shape for several splits (uneven and empty ranges among them).
+Last, the library's cluster kernels (group_norm_fwd_cluster_kernel and
+group_norm_bwd_cluster_kernel: one tile of a group per program, a group per thread-block
+cluster; sm_90 and newer), where the launcher takes them at the shape (HW a power of two
+from 64 to the tile, Cg a multiple of the tile's channels, 2 to 8 tiles a group): tiles of
+4096, 8192 or 16384 elements a program, each where those conditions hold for it (the
+cluster size follows from the tile), x 4, 8 or 16 warps, forward and backward, each
+configuration first checked against float64 torch; the library's (CLUSTER_TILE,
+CLUSTER_WARPS) is marked. Under the interpreter
+the cluster's exchange (cluster_sums) is emulated, the tiles are 512 times smaller and HW
+need not reach 64, so that a small shape has groups of several tiles.
 
     python benchmarks/tune_group_norm.py [--shape 32,512,4096] [--groups 32] [--quick]
-                                         [--cluster-only]
     TRITON_INTERPRET=1 python benchmarks/tune_group_norm.py --device cpu --shape 3,12,37 \
         --groups 2
+    TRITON_INTERPRET=1 python benchmarks/tune_group_norm.py --device cpu --shape 2,16,8 \
+        --groups 2    # a shape the cluster kernels take
 """
 import argparse
 
@@ -33,7 +34,7 @@ import triton.language as tl
 
 import _tune as T
 import group_norm as K  # noqa: E402 (triton_src on the path through _tune)
-from cross_entropy import _cluster_arrive, _cluster_exchange  # noqa: E402, F401
+from _common import CLUSTER_MAX  # noqa: E402
 
 
 @triton.jit
@@ -158,85 +159,6 @@ def group_norm_bwd_form_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr,
                 tl.store(dxg + offs, dx.to(dtype), mask=mask)
 
 
-@triton.jit
-def group_norm_bwd_cluster_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
-                                  groups, G, Cg, HW, has_w, want_dx, BLOCK_C: tl.constexpr,
-                                  BLOCK_HW: tl.constexpr, CL: tl.constexpr,
-                                  CL_HW: tl.constexpr):
-    """Candidate: the backward in one pass over x and dy. Each group is split over the CL
-    programs of one thread-block cluster (launched with the cluster attribute; the grid a
-    multiple of CL, each cluster walking groups pid // CL, + grid / CL, ...; at most
-    `groups` clusters, so that every program's _cluster_arrive is matched by the wait of
-    its first exchange): CL_HW position ranges of hs = cdiv(HW, 16 CL_HW) * 16 positions
-    (a multiple of 16, so the loads stay vectorizable; the last ranges may be short or
-    empty) times CL / CL_HW channel ranges of cs = cdiv(Cg, CL / CL_HW) channels; cluster
-    rank r holds channel range r // CL_HW and position range r % CL_HW as one
-    (BLOCK_C >= cs, BLOCK_HW >= min(hs, HW)) tile of x and one of dy, loaded once and kept
-    in registers. Each program sums w_c S_c and w_c D_c
-    over its tile, the cluster exchanges these two floats through distributed shared memory
-    (cross_entropy's _cluster_exchange: one hardware cluster barrier per group), each
-    program adds the CL pairs in rank order (so every program of the cluster gets the same
-    A and Bs) and writes dx of its tile from the values it holds.
-
-    partial: fp32 (2, B * CL_HW, C): row b * CL_HW + r % CL_HW holds the sums S_c / D_c of
-    batch b over position range r % CL_HW only, so group_norm_reduce_kernel run with
-    B * CL_HW rows gives dweight / dbias (CL_HW = 1: the library's (2, B * C) layout). The
-    sums are the library's up to the order of the fp32 additions."""
-    dtype = dx_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    rank = _cluster_arrive(pid % CL)
-    ci = tl.arange(0, BLOCK_C)
-    hi = tl.arange(0, BLOCK_HW)
-    inv_n = 1.0 / (Cg * HW).to(tl.float32)
-    C = G * Cg
-    plane = (groups // G).to(tl.int64) * CL_HW * C
-    rh = rank % CL_HW
-    cs = tl.cdiv(Cg, CL // CL_HW)
-    hs = tl.cdiv(HW, 16 * CL_HW) * 16
-    cc = (rank // CL_HW) * cs + ci
-    hh = rh * hs + hi
-    cmask = (ci < cs) & (cc < Cg)
-    mask = cmask[:, None] & ((hi < hs) & (hh < HW))[None, :]
-    offs = cc[:, None] * HW + hh[None, :]
-    exchanges = 0
-    for grp in range(pid // CL, groups, tl.num_programs(0) // CL):
-        base = grp * (Cg * HW).to(tl.int64)
-        x = tl.load(x_ptr + base + offs, mask=mask, other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)
-        dy = tl.load(dy_ptr + base + offs, mask=mask, other=0.0,
-                     eviction_policy="evict_first").to(tl.float32)
-        mean = tl.load(mean_ptr + grp)
-        rstd = tl.load(rstd_ptr + grp)
-        xhat = tl.where(mask, (x - mean) * rstd, 0.0)
-        sc = tl.sum(dy * xhat, axis=1)
-        dc = tl.sum(dy, axis=1)
-        g = grp % G
-        pg = partial_ptr + ((grp // G).to(tl.int64) * CL_HW + rh) * C + g * Cg
-        tl.store(pg + cc, sc, mask=cmask)
-        tl.store(pg + plane + cc, dc, mask=cmask)
-        w = tl.load(w_ptr + g * Cg + cc, mask=cmask & (has_w != 0), other=1.0).to(tl.float32)
-        w = tl.where(cmask, w, 0.0)
-        sums = _cluster_exchange(grp, rank, tl.sum(w * sc), tl.sum(w * dc), 0.0, 0.0,
-                                 exchanges % 2, (exchanges == 0).to(tl.int32), CL, False)
-        exchanges += 1
-        a = sums[0]
-        bs = sums[CL]
-        for j in tl.static_range(1, CL):
-            a += sums[j]
-            bs += sums[CL + j]
-        if want_dx != 0:
-            dx = rstd * (dy * w[:, None] - (xhat * (a * inv_n) + bs * inv_n))
-            tl.store(dx_ptr + base + offs, dx.to(dtype), mask=mask)
-
-
-def cluster_tile(cg, hw, cl, cl_hw):
-    """The smallest (BLOCK_C, BLOCK_HW) holding one cluster rank's share of a group (see
-    group_norm_bwd_cluster_kernel)."""
-    cs = triton.cdiv(cg, cl // cl_hw)
-    hs = triton.cdiv(hw, 16 * cl_hw) * 16
-    return triton.next_power_of_2(cs), triton.next_power_of_2(min(hs, hw))
-
-
 # The launcher's tiles (csrc/ops/group_norm/group_norm_cuda.cpp, kTiles): (elements, most
 # programs per multiprocessor); the warps per tile from triton_src/group_norm.py.
 LAUNCHER_TILES = ((1024, 8), (8192, 2))
@@ -294,12 +216,94 @@ def check_reference(name, dx, grads, ref):
     T.check(f"{name} dbias against float64 torch", grads[1], db_ref, atol=1e-5 * sb_max)
 
 
+def reference_forward(x, w, b, groups, eps=1e-5):
+    """(y, mean, rstd) of torch's group_norm in float64, mean and rstd per (batch, group)
+    row, and the largest |x - mean| (the scale of the mean's absolute tolerance)."""
+    x64 = x.double()
+    y = torch.nn.functional.group_norm(x64, groups, w.double(), b.double(), eps)
+    xg = x64.view(x.shape[0] * groups, -1)
+    mean = xg.mean(-1)
+    rstd = 1.0 / torch.sqrt(xg.var(-1, unbiased=False) + eps)
+    return (y, mean, rstd), (xg - mean[:, None]).abs().max().item()
+
+
+def check_forward_reference(name, y, mean, rstd, ref):
+    """y (bf16), mean and rstd (fp32) against reference_forward's: y within one bf16 ulp (as
+    check_reference's dx) plus 1e-5 of max |y|; mean within 1e-5 of the largest |x - mean|
+    and rstd within 1e-5 relative (the fp32 shifted sums over a group)."""
+    (y_ref, mean_ref, rstd_ref), spread = ref
+    T.check(f"{name} y against float64 torch", y, y_ref,
+            atol=1e-5 * y_ref.abs().max().item(), rtol=2 ** -7)
+    T.check(f"{name} mean against float64 torch", mean, mean_ref, atol=1e-5 * spread)
+    T.check(f"{name} rstd against float64 torch", rstd, rstd_ref, atol=0.0, rtol=1e-5)
+
+
+# The cluster kernels' sweep: elements of the tile a program holds, and warps. The cluster
+# size follows from the tile: Cg / (tile / HW) programs a group. The library builds
+# (K.CLUSTER_TILE, K.CLUSTER_WARPS) only.
+CLUSTER_TILES = (4096, 8192, 16384)
+CLUSTER_WARPS = (4, 8, 16)
+# Under the interpreter the tiles are this many times smaller (and HW may be below
+# K.CLUSTER_HW[0]), so that a small shape has groups of several tiles.
+INTERPRET_TILE_DIV = 512
+
+
+def cluster_programs(cg, hw, tile, min_hw):
+    """(programs a group, None) of the cluster kernels at tiles of `tile` elements, or
+    (0, why not): for tile = CLUSTER_TILE and min_hw = CLUSTER_HW[0] the launcher's
+    conditions (csrc/ops/group_norm/group_norm_cuda.cpp, cluster_programs): HW a power of
+    two from min_hw up to the tile (the positions fill one tile row), Cg a multiple of the
+    tile's tile / HW channels, 2 to CLUSTER_MAX tiles a group. (The launcher also wants
+    16-byte aligned tensors, which fresh allocations are.)"""
+    if hw < min_hw or hw > tile or hw & (hw - 1):
+        return 0, f"HW = {hw} is not a power of two from {min_hw} to {tile}"
+    bc = tile // hw
+    if cg % bc:
+        return 0, f"Cg = {cg} is not a multiple of the tile's {bc} channels"
+    cl = cg // bc
+    if not 2 <= cl <= CLUSTER_MAX:
+        return 0, f"tiles a group: {cl}, not 2 to {CLUSTER_MAX}"
+    return cl, None
+
+
+class ClusterSumsEmulation:
+    """Stands in for _common.cluster_sums (set as group_norm's cluster_sums, with ``arrive``
+    as its cluster_arrive) under the interpreter, which runs the programs one after
+    another, so that a program cannot wait for the rest of its cluster: each call keeps the
+    caller's (a, b) under (key, rank) and returns the sums over ranks 0 .. n - 1, added in
+    fp32 in rank order from 0.0 as the hardware form adds them, NaN while a rank's pair is
+    not kept yet. A kernel launched twice finds every rank's pair in its second launch,
+    provided each pair is the same in both launches (else AssertionError)."""
+
+    def __init__(self):
+        self.kept = {}
+
+    @staticmethod
+    def arrive(rank):
+        return rank
+
+    @staticmethod
+    def _num(t, kind):
+        t = getattr(t, "value", t)  # a constexpr
+        return kind(t.handle.data.item()) if hasattr(t, "handle") else kind(t)
+
+    def __call__(self, a, b, key, rank, n):
+        where = (self._num(key, int), self._num(rank, int))
+        pair = (self._num(a, float), self._num(b, float))
+        before = self.kept.setdefault(where, pair)
+        assert before == pair or any(v != v for v in before + pair), \
+            f"cluster_sums {where}: {pair} differs from the earlier launch's {before}"
+        self.kept[where] = pair
+        sums = torch.zeros(2)
+        for j in range(self._num(n, int)):
+            sums += torch.tensor(self.kept.get((where[0], j), (float("nan"),) * 2))
+        return tuple(tl.full([], s, tl.float32) for s in sums.tolist())
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="32,512,4096", help="batch, channels, positions")
     ap.add_argument("--groups", type=int, default=32)
-    ap.add_argument("--cluster-only", action="store_true",
-                    help="only the one-pass cluster form of the backward (and the library's)")
     T.add_device_args(ap)
     args = ap.parse_args()
     dev, cpu = args.device, args.device != "cuda"
@@ -354,55 +358,6 @@ def main():
             part, dw, db, rows, c, 1, 1, BLOCK_B=bb, BLOCK_C=bc, num_warps=warps)
         return dw, db
 
-    def bwd_cluster(cl, cl_hw, warps, clusters, stages=1):
-        """The one-pass cluster form on `clusters` clusters of cl programs: (run, its
-        (2, bsz * cl_hw * c) partial sums, (registers, spills)). On the GPU the kernel is
-        compiled for one CTA a program and launched through Triton's compiled-kernel
-        launcher with the cluster size set to cl (the launch attribute), as
-        benchmarks/probes/_ce_probe.py does. Under the interpreter the exchange is emulated
-        (_tune.ClusterExchangeEmulation) and each run launches twice."""
-        assert 1 <= clusters <= groups, "every cluster must meet at least once"
-        bc, bh = cluster_tile(cg, hw, cl, cl_hw)
-        part = torch.full((2, bsz * cl_hw * c), float("nan"), device=dev)
-        args_ = (dy, x, w, mean, rstd, dx, part, groups, g, cg, hw, 1, 1)
-        const = {"BLOCK_C": bc, "BLOCK_HW": bh, "CL": cl, "CL_HW": cl_hw}
-        kernel = group_norm_bwd_cluster_kernel
-        if cpu:
-            def run():
-                emulation = T.ClusterExchangeEmulation()
-                globals()["_cluster_exchange"] = emulation
-                globals()["_cluster_arrive"] = emulation.arrive
-                for _ in range(2):
-                    kernel[(clusters * cl,)](*args_, **const)
-            return run, part, None
-        k = kernel.warmup(*args_, grid=(clusters * cl,), num_warps=warps, num_stages=stages,
-                          **const)
-        k._init_handles()
-        # The launcher sizes global scratch by the grid it is given (clusters): none wanted.
-        if k.metadata.global_scratch_size:
-            raise RuntimeError("the cluster form uses global scratch")
-        k.packed_metadata = (k.metadata.num_warps, cl, k.metadata.shared)
-        return (lambda: k[(clusters, 1, 1)](*args_, *const.values())), part, (k.n_regs,
-                                                                              k.n_spills)
-
-    def check_cluster(cl, cl_hw, warps, clusters, ref):
-        """Run the cluster form once on poisoned outputs and check dx, dweight and dbias
-        against the library kernel's (dx_ref, g_ref: up to a bf16 rounding of dx, and for
-        the sums, whose fp32 additions come in another order, the tolerance of
-        check_reference) and against the float64 reference. Returns (registers, spills)
-        (None under the interpreter)."""
-        name = f"backward cluster CL={cl} CL_HW={cl_hw} warps={warps} {clusters} clusters"
-        run, part, regs = bwd_cluster(cl, cl_hw, warps, clusters)
-        dx.fill_(float("nan"))
-        run()
-        grads = reduce(part, bsz * cl_hw)
-        T.check(f"{name} dx", dx, dx_ref, atol=1e-6, rtol=2 ** -7)
-        _, (_, sw_max, sb_max) = ref
-        T.check(f"{name} dweight", grads[0], g_ref[0], atol=1e-5 * sw_max)
-        T.check(f"{name} dbias", grads[1], g_ref[1], atol=1e-5 * sb_max)
-        check_reference(name, dx, grads, ref)
-        return regs
-
     if cpu:
         lib, most = (4, 8, 4), 2  # small tiles crossing channel and position edges
     else:
@@ -436,60 +391,106 @@ def main():
                 reduce(bb=bb, bc=bc, warps=warps), g_ref,
                 atol=1e-6 * max(t.abs().max().item() for t in g_ref))
 
+    fref = reference_forward(x, w, b, g)
+    check_forward_reference("forward library", y_ref, mean_ref, rstd_ref, fref)
+
+    def cluster_run(kernel, args_, bc, cl, warps):
+        """A launch of one of the library's cluster kernels on groups * cl programs, each
+        cl consecutive ones a cluster, at (bc, hw) tiles: (run, (registers, spills)). On the
+        GPU the kernel is compiled as the library builds it (one CTA a program, one stage)
+        and launched through Triton's compiled-kernel launcher with the cluster size set to
+        cl (its cluster launch attribute; the grid it is given counts clusters), as the C++
+        launcher launches the AOT variants. Under the interpreter cluster_sums is emulated
+        (ClusterSumsEmulation) and a run launches twice; (registers, spills) is None."""
+        const = {"BLOCK_C": bc, "BLOCK_HW": hw}
+        if cpu:
+            def run():
+                K.cluster_sums = ClusterSumsEmulation()
+                K.cluster_arrive = ClusterSumsEmulation.arrive
+                for _ in range(2):
+                    kernel[(groups * cl,)](*args_, num_warps=warps, **const)
+            return run, None
+        k = kernel.warmup(*args_, grid=(groups * cl,), num_warps=warps, num_stages=1, **const)
+        k._init_handles()
+        # The launcher sizes global scratch by the grid it is given (clusters): none wanted.
+        if k.metadata.global_scratch_size:
+            raise RuntimeError(f"{kernel.__name__} uses global scratch")
+        k.packed_metadata = (k.metadata.num_warps, cl, k.metadata.shared)
+        return (lambda: k[(groups, 1, 1)](*args_, *const.values())), (k.n_regs, k.n_spills)
+
+    def check_cluster(name, bc, cl, warps):
+        """Build both cluster kernels at (bc, hw) tiles, clusters of cl and `warps`, run each
+        once on poisoned outputs and check it against float64 torch: the forward's y, mean
+        and rstd (check_forward_reference), the backward's dx, dweight and dbias from the
+        library forward's mean and rstd (check_reference). Weight and bias are read in
+        float32 (has_w = has_b = 2). Returns ((run, regs) of the forward, of the backward)."""
+        run_f = cluster_run(K.group_norm_fwd_cluster_kernel,
+                            (x, w, w, b, b, y, mean, rstd, g, cl, 1e-5, 2, 2), bc, cl, warps)
+        run_b = cluster_run(K.group_norm_bwd_cluster_kernel,
+                            (dy, x, w, w, mean, rstd, dx, partial, groups, g, cl, 2, 1), bc, cl,
+                            warps)
+        for t in (y, mean, rstd):
+            t.fill_(float("nan"))
+        run_f[0]()
+        check_forward_reference(f"forward {name}", y, mean, rstd, fref)
+        mean.copy_(mean_ref)
+        rstd.copy_(rstd_ref)
+        for t in (dx, partial):
+            t.fill_(float("nan"))
+        run_b[0]()
+        check_reference(f"backward {name}", dx, reduce(), ref)
+        return run_f, run_b
+
     def cluster_sweep():
-        """The one-pass cluster form: x and dy read once (floor: bwd_bytes at the copy
-        bandwidth). Per (CL, split of the cluster into channel x position ranges, warps):
-        one check against the library and the reference, then the grid: 1, 2 or 4 programs
-        per SM (clusters walking groups), or one cluster per group."""
-        print(f"-- backward, one pass: each group over a cluster of CL programs holding x and "
-              f"dy in registers (floor {bwd_bytes / T.COPY_BW / 1e3:.1f} us at the measured "
-              f"copy bandwidth)", flush=True)
-        T.timed(f"bwd library {lib}, {lib_bwd_p} programs (for comparison)",
-                bwd(*lib, lib_bwd_p), bwd_bytes)
+        """The library's cluster kernels over CLUSTER_TILES x CLUSTER_WARPS where they apply
+        at this shape, forward and backward (x, or x and dy, read once: fwd_bytes and
+        bwd_bytes), each configuration checked before it is timed."""
+        div, min_hw = (INTERPRET_TILE_DIV, 1) if cpu else (1, K.CLUSTER_HW[0])
+        if not cpu:
+            major, minor = torch.cuda.get_device_capability()
+            if 10 * major + minor < K.CLUSTER_MIN_ARCH:
+                print(f"-- cluster kernels: none on sm_{major}{minor} (the library runs them on "
+                      f"sm_{K.CLUSTER_MIN_ARCH} and newer)", flush=True)
+                return
+        lib_tile = K.CLUSTER_TILE // div
+        lib_cl, why = cluster_programs(cg, hw, lib_tile, min_hw)
+        if why:
+            print(f"-- cluster kernels: the library does not take them at this shape ({why})",
+                  flush=True)
+            return
+        print(f"-- cluster kernels, a tile of a group per program, a group per cluster "
+              f"(library: tile {lib_tile} = ({cg // lib_cl}, {hw}), {K.CLUSTER_WARPS} warps, "
+              f"clusters of {lib_cl})", flush=True)
         wrong = []
-        for cl in ((4, 8) if args.quick else (2, 4, 8)):
-            for cl_hw in [k for k in (1, 2, 4, 8) if k <= cl and cl // k <= cg]:
-                if args.quick and cl_hw != cl:
+        for tile in (t // div for t in CLUSTER_TILES):
+            cl, why = cluster_programs(cg, hw, tile, min_hw)
+            if why:
+                print(f"cluster tile={tile}: not run ({why})", flush=True)
+                continue
+            bc = tile // hw
+            for warps in CLUSTER_WARPS:
+                mark = " (library)" if (tile, warps) == (lib_tile, K.CLUSTER_WARPS) else ""
+                name = f"cluster tile={tile} ({bc}, {hw}) CL={cl} warps={warps:2d}{mark}"
+                try:
+                    runs = check_cluster(name, bc, cl, warps)
+                except AssertionError as e:
+                    print(f"{name}: WRONG ({e})", flush=True)
+                    wrong.append(name)
                     continue
-                tile = cluster_tile(cg, hw, cl, cl_hw)
-                for warps in ((8, 16) if args.quick else (4, 8, 16, 32)):
-                    if tile[0] * tile[1] > 64 * 32 * warps:  # > 64 elements of each a thread
-                        continue
-                    label = (f"bwd cluster CL={cl} split {cl // cl_hw}x{cl_hw} tile={tile} "
-                             f"warps={warps:2d}")
-                    try:
-                        regs = check_cluster(cl, cl_hw, warps,
-                                             max(1, min(groups, 2 * sms // cl)), ref)
-                    except AssertionError as e:
-                        print(f"{label}: WRONG ({e})", flush=True)
-                        wrong.append(label)
-                        continue
-                    except Exception as e:  # noqa: BLE001 - does not compile / launch
-                        print(f"{label}: failed ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:100]})", flush=True)
-                        continue
-                    for per_sm in ((1, 2) if args.quick else (1, 2, 4, 0)):
-                        clusters = groups if per_sm == 0 else max(
-                            1, min(groups, per_sm * sms // cl))
-                        run, _, _ = bwd_cluster(cl, cl_hw, warps, clusters)
-                        T.timed(f"{label} ({regs[0]} regs, {regs[1]} spills) "
-                                f"{f'{per_sm}/SM' if per_sm else 'group/cluster'} "
-                                f"({clusters} clusters)", run, bwd_bytes)
-        for cl_hw in (2, 4, 8):  # the partial sums of position ranges: cl_hw times the rows
-            part = torch.zeros(2, bsz * cl_hw * c, device=dev)
-            T.timed(f"dweight / dbias reduction over {bsz * cl_hw} rows (CL_HW={cl_hw})",
-                    lambda p=part, r=bsz * cl_hw: reduce(p, r), part.numel() * 4)
+                except Exception as e:  # noqa: BLE001 - does not compile / launch
+                    print(f"{name}: failed ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:100]})", flush=True)
+                    continue
+                for direction, (run, regs), nbytes in zip(("fwd", "bwd"), runs,
+                                                          (fwd_bytes, bwd_bytes)):
+                    regs = f" ({regs[0]} regs, {regs[1]} spills)" if regs else ""
+                    T.timed(f"{direction} {name}{regs}", run, nbytes)
+        mean.copy_(mean_ref)
+        rstd.copy_(rstd_ref)
         if wrong:
-            raise SystemExit(f"cluster form WRONG in: {'; '.join(wrong)}")
+            raise SystemExit(f"cluster kernels WRONG in: {'; '.join(wrong)}")
 
     if cpu:
-        # the cluster form: uneven position ranges (HW not a multiple of 16 CL_HW), empty
-        # ranks (positions or channels), channel splits, clusters walking several groups
-        for cl, cl_hw, clusters in ((2, 2, groups), (4, 4, 2), (4, 2, 3), (8, 2, 1),
-                                    (8, 1, groups), (2, 1, groups)):
-            check_cluster(cl, cl_hw, 4, max(1, min(groups, clusters)), ref)
-        return
-    if args.cluster_only:
         cluster_sweep()
         return
 
