@@ -136,7 +136,9 @@ def main():
                 T.timed(f"fwd persistent per_sm={per_sm} warps={warps:2d} RSQRT={rsqrt}",
                         fwd_persistent(per_sm, warps, rsqrt), fwd_bytes)
     rstd.copy_(rstd_ref)
-    print(f"-- backward kernel (library: warps {lib_bwd_warps}, 2 programs / SM)", flush=True)
+    lib_per_sm = 16 if block == 4096 else 2  # csrc/ops/poly_norm/poly_norm_cuda.cpp
+    print(f"-- backward kernel (library: warps {lib_bwd_warps}, {lib_per_sm} programs / SM)",
+          flush=True)
     best = None
     for warps in ((8,) if args.quick else (4, 8, 16)):
         for per_sm in (1, 2, 4, 8, 16):

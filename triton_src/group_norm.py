@@ -424,11 +424,11 @@ FLAG_EVEN_C = 2
 REDUCE_B, REDUCE_C, REDUCE_WARPS = 32, 32, 2
 # The cluster forms (sm_90 and newer): tiles of CLUSTER_TILE elements at CLUSTER_WARPS, one
 # variant per BLOCK_HW in CLUSTER_HW (BLOCK_C = CLUSTER_TILE / BLOCK_HW), keyed by BLOCK_HW.
-# (2, 4096) tiles at 8 warps (two programs per SM), against 16 or 32 warps and tiles of up to
-# 32768 elements:
-# fwd + bwd 268 us at (32, 512, 4096) bf16 on an H100 in the JIT probe's back-to-back pairs
-# (benchmarks/NOTES.md v24).
-CLUSTER_TILE, CLUSTER_WARPS = 8192, 8
+# (2, 4096) tiles: against tiles of up to 32768 elements, fwd + bwd 268 us at (32, 512, 4096)
+# bf16 on an H100 in the JIT probe's back-to-back pairs at 8 warps (benchmarks/NOTES.md v24).
+# 4 warps (benchmarks/tune_group_norm.py, same shape): fwd 112.5 -> 106.0 us, bwd 170.0 ->
+# 145.7 on an H100; 96.0 -> 88.6 and 144.5 -> 118.1 on an H200 (NOTES v25).
+CLUSTER_TILE, CLUSTER_WARPS = 8192, 4
 CLUSTER_HW = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 CLUSTER_MIN_ARCH = 90
 
