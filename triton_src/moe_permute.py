@@ -14,7 +14,8 @@ The row map is built on the device in three small launches, with no host synchro
         expert e is that start + blk[t's block, e] + the number of routed tokens of e before
         t in its block. row_map[t, e] = that row, or -1 where t is not routed to e (or the
         row is not below N, the rows allocated); src[row] = t for every row written (src
-        starts as -1: the rows left at -1 are padding).
+        starts as -1: the rows left at -1 are padding); *ok = whether the padded segments
+        fit in the N rows (for the device-side assert of a row bound: no host reduction).
 
 Then one launch moves the data (int64 element offsets throughout):
 
@@ -81,7 +82,7 @@ def moe_permute_scan_kernel(blk_ptr, tpe_ptr, NB, E, pad_to, NBB: tl.constexpr,
 
 
 @triton.jit
-def moe_permute_map_kernel(map_ptr, blk_ptr, tpe_ptr, row_map_ptr, src_ptr, T, E, N,
+def moe_permute_map_kernel(map_ptr, blk_ptr, tpe_ptr, row_map_ptr, src_ptr, ok_ptr, T, E, N,
                            BT: tl.constexpr, BE: tl.constexpr):
     b = tl.program_id(0)
     e0 = tl.program_id(1) * BE
@@ -104,6 +105,8 @@ def moe_permute_map_kernel(map_ptr, blk_ptr, tpe_ptr, row_map_ptr, src_ptr, T, E
     tl.store(row_map_ptr + t[:, None] * E + e[None, :], tl.where(ok, row, -1).to(tl.int32),
              mask=mask)
     tl.store(src_ptr + row, (t[:, None] + tl.zeros_like(row)).to(tl.int32), mask=ok & mask)
+    if (b == 0) & (e0 + BE >= E):  # whether the padded segments fit in the N rows
+        tl.store(ok_ptr, (start + tl.sum(p, axis=0) <= N).to(tl.int8))
 
 
 @triton.jit
@@ -245,14 +248,14 @@ _MAP_KERNELS = {
     "moe_permute_scan": ("moe_permute_scan_kernel", ("blk_ptr", "tpe_ptr", "NB", "E", "pad_to"),
                          {"NBB": NBB, "BE": BE_MAP}),
     "moe_permute_map": ("moe_permute_map_kernel",
-                        ("map_ptr", "blk_ptr", "tpe_ptr", "row_map_ptr", "src_ptr", "T", "E",
-                         "N"), {"BT": BT_MAP, "BE": BE_MAP}),
+                        ("map_ptr", "blk_ptr", "tpe_ptr", "row_map_ptr", "src_ptr", "ok_ptr",
+                         "T", "E", "N"), {"BT": BT_MAP, "BE": BE_MAP}),
     "moe_permute_invert": ("moe_permute_invert_kernel",
                            ("row_map_ptr", "src_ptr", "T", "E", "N"),
                            {"BT": BT_MAP, "BE": BE_MAP}),
 }
 _INT_TYPES = {"map_ptr": "*i8", "blk_ptr": "*i32", "tpe_ptr": "*i32", "row_map_ptr": "*i32",
-              "src_ptr": "*i32", "T": "i64", "E": "i64", "N": "i64", "NB": "i64",
+              "src_ptr": "*i32", "ok_ptr": "*i8", "T": "i64", "E": "i64", "N": "i64", "NB": "i64",
               "pad_to": "i32", "H": "i64", "has_w": "i32", "want_pp": "i32", "want_dot": "i32",
               "want_gpp": "i32"}
 _DATA_ARGS = ("x_ptr", "out_ptr", "other_ptr", "y_ptr")  # (rows, H) of the tokens' dtype

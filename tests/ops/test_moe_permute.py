@@ -110,11 +110,14 @@ def _interp_map(mod, rmap, pad_to, n=None, bt=8, be=4, nbb=2):
     n = int(tpe.sum()) if n is None else n
     row_map = torch.full((t, e), -9, dtype=torch.int32)
     src = torch.full((n,), -1, dtype=torch.int32)
-    mod.moe_permute_map_kernel[(nb, ne)](rmap, blk, tpe, row_map, src, t, e, n, BT=bt, BE=be)
+    ok = torch.full((), -9, dtype=torch.int8)
+    mod.moe_permute_map_kernel[(nb, ne)](rmap, blk, tpe, row_map, src, ok, t, e, n, BT=bt,
+                                         BE=be)
+    assert int(ok) == int(int(tpe.sum()) <= n)  # the flag of the device-side assert
     return tpe, row_map, src, n
 
 
-@pytest.mark.parametrize("k,pad_to", [(1, 1), (3, 4), (5, 16), (9, 3)])
+@pytest.mark.parametrize("k,pad_to", [(1, 1), (2, 4), (3, 4), (5, 16), (9, 3)])
 @pytest.mark.parametrize("with_probs", [True, False])
 def test_interpreter_permute(k, pad_to, with_probs):
     mod = load_triton_src("moe_permute")

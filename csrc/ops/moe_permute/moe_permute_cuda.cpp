@@ -96,13 +96,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> moe_permute_cuda(
   auto x = aten::contiguous(tokens);
   std::optional<Tensor> p;
   if (has(probs)) p = aten::contiguous(*probs);
-  auto tpe = aten::zeros({e}, kInt, dev);
+  const bool routes = t > 0 && e > 0;
+  // every expert's count is written by the scan kernel when it runs
+  auto tpe = routes ? aten::empty({e}, kInt, dev) : aten::zeros({e}, kInt, dev);
   auto row_map = aten::empty({t, e}, kInt, dev);
   // blk (token blocks, E): per block of BT tokens, the routed count of each expert, then its
   // exclusive prefix sum over the blocks (the count and map kernels share their blocks)
   Tensor blk;
   int64_t nb = 0, ne = 0;
-  if (t > 0 && e > 0) {
+  if (routes) {
     const auto& count = pick(op, "moe_permute_count", x);
     const auto& scan = pick(op, "moe_permute_scan", x);
     nb = ceil_div(t, count.constexpr_value("BT"));
@@ -117,13 +119,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> moe_permute_cuda(
   }
   int64_t n;
   if (num_out_rows.has_value()) {
-    n = *num_out_rows;
-    // no host synchronisation: a device-side assert when the segments need more rows
-    auto ok = aten::ge(aten::scalar_int(n), aten::sum_all(tpe, kLong));
-    aten::call_n<0>("aten::_assert_async", "msg", ok,
-                    std::string("fk::moe_permute: the padded segments need more rows than "
-                                "num_out_rows (a token routed to more than topk experts, or a "
-                                "bound too small)"));
+    n = *num_out_rows;  // no host synchronisation: the map kernel checks the bound below
   } else {
     // one host synchronisation: the row count of the output
     auto total = aten::to(aten::sum_all(tpe, kLong), Device(DeviceType::CPU), kLong);
@@ -132,12 +128,22 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> moe_permute_cuda(
              " rows; at most 2^31 - 1 are supported");
   }
   auto src = aten::full({n}, -1.0, kInt, dev);
-  if (t > 0 && e > 0 && n > 0) {
+  if (routes) {
+    // whether the padded segments fit in n rows, written by the map kernel
+    auto ok = aten::empty({}, kBool, dev);
     KernelArgs a3;
-    a3.ptr(mask).ptr(blk).ptr(tpe).ptr(row_map).ptr(src).i64(t).i64(e).i64(n);
+    a3.ptr(mask).ptr(blk).ptr(tpe).ptr(row_map).ptr(n > 0 ? src : row_map).ptr(ok).i64(t)
+        .i64(e).i64(n);
     runtime::launch(op, pick(op, "moe_permute_map", x), dev, {nb, ne, 1}, a3);
+    if (num_out_rows.has_value()) {
+      // a device-side assert when the segments need more rows
+      aten::call_n<0>("aten::_assert_async", "msg", ok,
+                      std::string("fk::moe_permute: the padded segments need more rows than "
+                                  "num_out_rows (a token routed to more than topk experts, or "
+                                  "a bound too small)"));
+    }
   } else {
-    aten::fill_(row_map, -1.0);  // nothing routed, or no rows to route to
+    aten::fill_(row_map, -1.0);  // nothing routed
   }
   auto permuted = aten::empty({n, h}, x.scalar_type(), dev);
   Tensor pp;
