@@ -1,10 +1,10 @@
 """Count the SASS of the library's AOT variants (no GPU needed): each variant of a family is
-compiled as cmake/fk_aot.py compiles it (the variant's hints, one stage, FMA contraction) and
-disassembled with the cuobjdump that Triton ships, then summarised: instructions (a static
-count), registers and spilled bytes, and the instruction classes that show where a
-memory-bound kernel spends its issue slots: integer address arithmetic, shuffles and shared
-memory (layout conversions), barriers, and global loads and stores by width (one element at
-a time against 16-byte vectors).
+compiled as the build compiles it (cmake/fk_aot.py's compile_record: the variant's hints,
+warps, stages and register cap) and disassembled with the cuobjdump that Triton ships, then
+summarised: instructions (a static count), registers and spilled bytes, and the instruction
+classes that show where a memory-bound kernel spends its issue slots: integer address
+arithmetic, shuffles and shared memory (layout conversions), barriers, and global loads and
+stores by width (one element at a time against 16-byte vectors).
 
     python benchmarks/sass_counts.py qkv_split_norm_rope --family qkv_split_norm_rope_fwd
     python benchmarks/sass_counts.py swiglu_fp8 --dtype bf16 --aligned --arch 90
@@ -21,9 +21,11 @@ import sys
 import tempfile
 
 import triton
-from triton.backends.compiler import GPUTarget
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "triton_src"))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, os.path.join(ROOT, "triton_src"))
+sys.path.insert(0, os.path.join(ROOT, "cmake"))
+import fk_aot  # noqa: E402 (cmake/, on the path just set)
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                          "cuobjdump")
@@ -36,16 +38,6 @@ CLASSES = {
     "STG128": r"STG\.E\.128.*",
 }
 _INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", re.M)
-
-
-def compile_variant(mod, v, arch):
-    names = list(v.signature)
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in v.divisible_by_16}
-    src = triton.compiler.ASTSource(fn=getattr(mod, v.kernel), signature=v.signature,
-                                    constexprs=v.constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": v.num_warps, "num_stages": 1,
-                                   "enable_fp_fusion": True})
 
 
 def summarise(cubin: bytes) -> dict:
@@ -83,7 +75,9 @@ def main():
         if (args.aligned and not v.flags & 1) or (args.flags is not None
                                                    and v.flags != args.flags):
             continue
-        r = summarise(compile_variant(mod, v, args.arch).asm["cubin"])
+        k, _, _ = fk_aot.compile_record(getattr(mod, v.kernel), fk_aot.variant_record(v),
+                                        args.arch)
+        r = summarise(k.asm["cubin"])
         print(f"{v.key()} warps {v.num_warps} {v.constexprs}: "
               + " ".join(f"{k} {n}" for k, n in r.items()), flush=True)
 

@@ -51,7 +51,7 @@ def _load_module(src_dir: Path, op: str):
     return importlib.import_module(op)
 
 
-def _variant_record(v) -> dict:
+def variant_record(v) -> dict:
     return {"family": v.family, "kernel": v.kernel, "dtype": v.dtype, "block": v.block,
             "flags": v.flags, "signature": v.signature, "constexprs": v.constexprs,
             "num_warps": v.num_warps, "num_stages": v.num_stages,
@@ -107,15 +107,13 @@ def _without_line_info(k, target, options: dict) -> bytes:
     return backend.make_cubin(k.asm["ptx"], {}, opt, target.arch)
 
 
-def _compile_one(job: dict) -> dict:
-    """Runs in a worker process: compile one variant for one arch, write cubin + meta."""
+def compile_record(fn, rec: dict, arch: int):
+    """The Triton kernel ``fn`` compiled for ``arch`` as variant record ``rec`` asks: its
+    divisibility hints, warps, stages and register cap. Returns (compiled kernel, target,
+    options). Also used by benchmarks/sass_counts.py."""
     import triton
     from triton.backends.compiler import GPUTarget
 
-    src_dir, op, rec, arch = Path(job["src_dir"]), job["op"], job["record"], job["arch"]
-    cubin_path, meta_path = Path(job["cubin"]), Path(job["meta"])
-    mod = _load_module(src_dir, op)
-    fn = getattr(mod, rec["kernel"])
     names = list(rec["signature"].keys())
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in rec["divisible_by_16"]}
     src = triton.compiler.ASTSource(fn=fn, signature=rec["signature"],
@@ -126,11 +124,19 @@ def _compile_one(job: dict) -> dict:
                "enable_fp_fusion": True}
     if rec["maxnreg"]:
         options["maxnreg"] = rec["maxnreg"]
+    target = GPUTarget("cuda", arch, 32)
+    return triton.compile(src, target=target, options=options), target, options
+
+
+def _compile_one(job: dict) -> dict:
+    """Runs in a worker process: compile one variant for one arch, write cubin + meta."""
+    src_dir, op, rec, arch = Path(job["src_dir"]), job["op"], job["record"], job["arch"]
+    cubin_path, meta_path = Path(job["cubin"]), Path(job["meta"])
+    mod = _load_module(src_dir, op)
     if rec["cluster"] != 1 and (arch < 90 or not 1 <= rec["cluster"] <= 8):
         raise RuntimeError(f"a cluster of {rec['cluster']} programs needs sm_90 or newer and "
                            "at most 8 programs")
-    target = GPUTarget("cuda", arch, 32)
-    k = triton.compile(src, target=target, options=options)
+    k, target, options = compile_record(getattr(mod, rec["kernel"]), rec, arch)
     cubin = k.asm["cubin"] if job["line_info"] else _without_line_info(k, target, options)
     md = k.metadata
     if md.num_ctas != 1 and rec["cluster"] != 1:
@@ -138,7 +144,7 @@ def _compile_one(job: dict) -> dict:
     if md.profile_scratch_size:
         raise RuntimeError(f"kernel needs profile scratch ({md.profile_scratch_size} bytes); "
                            "fk does not launch such kernels")
-    params = [n for n in names if rec["signature"][n] != "constexpr"]
+    params = [n for n, ty in rec["signature"].items() if ty != "constexpr"]
     meta = {"entry": md.name, "num_warps": md.num_warps, "num_ctas": md.num_ctas,
             "shared": md.shared, "global_scratch_size": md.global_scratch_size,
             "global_scratch_align": md.global_scratch_align,
@@ -199,7 +205,7 @@ def main() -> int:
         mod = _load_module(src_dir, op)
         for arch in archs:
             for v in mod.variants(arch):
-                rec = _variant_record(v)
+                rec = variant_record(v)
                 ident = (v.key(), arch)
                 if ident in seen:
                     raise SystemExit(f"fk AOT: duplicate variant {v.key()} for sm_{arch} in {op}")
