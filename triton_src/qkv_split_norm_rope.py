@@ -78,10 +78,12 @@ def _tile(tile, B, S, Hq, Hkv, D, in_sb, in_ss, mode, BT: tl.constexpr, BH: tl.c
     s64 = s.to(tl.int64)[:, None]
     h64 = h.to(tl.int64)[None, :]
     in_rows = b64 * in_sb + s64 * in_ss + src.to(tl.int64)[None, :] * D
-    if (mode & OUT_BHSD) != 0:
-        out_rows = ((b64 * nh + h64) * S + s64) * D
-    else:
-        out_rows = ((b64 * S + s64) * nh + h64) * D
+    # one expression for both layouts (a branch here hides the rows' alignment from the
+    # stores, which then write one element at a time)
+    bhsd = (mode & OUT_BHSD) != 0
+    s_step = tl.where(bhsd, 1, nh).to(tl.int64) * D
+    h_step = tl.where(bhsd, S, 1).to(tl.int64) * D
+    out_rows = b64 * (nh.to(tl.int64) * S * D) + s64 * s_step + h64 * h_step
     return kind, in_rows, out_rows, mask, b, s, tmask
 
 
@@ -91,12 +93,14 @@ def _cos_sin(cos_ptr, sin_ptr, b, s, cos_sb, cos_ss, half, c2_off, tmask,
     """c1, c2, s1, s2 [BT, 1, HB] in fp32 for pairs 0 .. HB of tokens (b, s)."""
     rows = b.to(tl.int64) * cos_sb + s.to(tl.int64) * cos_ss
     pairs = tl.arange(0, HB)
-    m = tmask[:, None] & (pairs < half)[None, :]
-    at = rows[:, None] + pairs[None, :]
-    c1 = tl.load(cos_ptr + at, mask=m, other=0.0).to(tl.float32)[:, None, :]
-    c2 = tl.load(cos_ptr + at + c2_off, mask=m, other=0.0).to(tl.float32)[:, None, :]
-    s1 = tl.load(sin_ptr + at, mask=m, other=0.0).to(tl.float32)[:, None, :]
-    s2 = tl.load(sin_ptr + at + c2_off, mask=m, other=0.0).to(tl.float32)[:, None, :]
+    # loaded as [BT, 1, HB] tiles: an expanded [BT, HB] tile is converted to the rows' layout
+    # through shuffles
+    m = tmask[:, None, None] & (pairs < half)[None, None, :]
+    at = rows[:, None, None] + pairs[None, None, :]
+    c1 = tl.load(cos_ptr + at, mask=m, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + at + c2_off, mask=m, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + at, mask=m, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + at + c2_off, mask=m, other=0.0).to(tl.float32)
     return c1, c2, s1, s2
 
 
@@ -279,7 +283,9 @@ BWD_ARGS = ("dqo_ptr", "dko_ptr", "dvo_ptr", "qkv_ptr", "qw_ptr", "kw_ptr", "cos
 _TYPES = {"in_sb": "i64", "in_ss": "i64", "cos_sb": "i64", "cos_ss": "i64", "eps": "fp32",
           "dqw_ptr": "*fp32", "dkw_ptr": "*fp32"}
 # Divisible by 16 in the aligned variants (with every pointer).
-_ALIGNED = ("in_sb", "in_ss", "cos_sb", "cos_ss", "D", "half")
+# c2_off is 0 or half, so a multiple of 16 wherever half is (without the hint c2 / s2 load one
+# element at a time).
+_ALIGNED = ("in_sb", "in_ss", "cos_sb", "cos_ss", "D", "half", "c2_off")
 
 # Per half block HB (the smallest power of 2 >= rotary_dim / 2): (BT tokens, BH heads,
 # warps). A tile is BT * BH rows of 2 * HB elements: 2048 elements. H100 sweep
