@@ -33,8 +33,8 @@ Offsets are int64.
 import triton
 import triton.language as tl
 
-from _common import (DTYPES, FLAG_ALIGNED, FLAG_LOW_BANDWIDTH, FLAG_ROWS16, Variant,
-                     aligned_args, rms_normalize, round_to)
+from _common import (DTYPES, FLAG_ALIGNED, FLAG_ROWS16, Variant, aligned_args, rms_normalize,
+                     round_to)
 
 FLAG_COS_FP32 = 2  # cos / sin are float32 (otherwise they have qkv's dtype)
 
@@ -287,19 +287,16 @@ _TYPES = {"in_sb": "i64", "in_ss": "i64", "cos_sb": "i64", "cos_ss": "i64", "eps
 # element at a time).
 _ALIGNED = ("in_sb", "in_ss", "cos_sb", "cos_ss", "D", "half", "c2_off")
 
-# Per half block HB (the smallest power of 2 >= rotary_dim / 2): (BT tokens, BH heads,
-# warps). A tile is BT * BH rows of 2 * HB elements: 2048 elements. H100 sweep
-# (benchmarks/tune_qkv_split_norm_rope.py, Qwen3-30B-A3B heads, HB 64): forward (16, 2, 4)
-# 84.2 us against 97-120 us for the 4096-element tiles of fk.rope it had; backward (16, 2, 2)
-# at 8 programs per multiprocessor 120.7 us (the CUDA side's persistent grid).
-FWD_TILES = {16: (64, 2, 4), 32: (32, 2, 4), 64: (16, 2, 4), 128: (8, 2, 4)}
-BWD_TILES = {16: (64, 2, 2), 32: (32, 2, 2), 64: (16, 2, 2), 128: (8, 2, 2)}
-# GPUs below 4 TB/s (FLAG_LOW_BANDWIDTH: the H100, not the H200), HB 64: cos / sin loaded
-# first, one warp over 8 tokens x 1 head. Picked at run time (benchmarks/NOTES.md v22): H100
-# forward 0.0837 -> 0.0818 ms GPU; on the H200 it would take 0.0783 against 0.0755, so the
-# H200 keeps FWD_TILES. Built for every arch (a memory system, not an arch, picks it); timed
-# on those two sm_90 GPUs only.
-FWD_TILES_LOW_BANDWIDTH = {64: (8, 1, 1)}
+# Per half block HB (the smallest power of 2 >= rotary_dim / 2), forward: (BT tokens, BH
+# heads, warps, COS_FIRST); backward: (BT, BH, warps), a persistent grid of 16 warps of
+# programs per multiprocessor (the CUDA side). A tile is BT * BH rows of 2 * HB elements.
+# Timed at HB 64 (Qwen3-30B-A3B heads, 8192 tokens, benchmarks/NOTES.md v22 and v27): the
+# forward's (16, 2, 4) with cos / sin loaded first is the fastest of the library's variants
+# on the H100 (62.1 us GPU) and the H200 (50.7 us); the backward's one-warp (8, 2, 1) at 16
+# programs a multiprocessor matches (16, 2, 2) at 8 on the H100 (127.6 / 128.0 us) and is 3 %
+# faster on the H200. The other half blocks keep the tiles of the first sweep, untimed.
+FWD_TILES = {16: (64, 2, 4, 0), 32: (32, 2, 4, 0), 64: (16, 2, 4, 1), 128: (8, 2, 4, 0)}
+BWD_TILES = {16: (64, 2, 2), 32: (32, 2, 2), 64: (8, 2, 1), 128: (8, 2, 2)}
 
 
 def _cos_dtypes(dt):
@@ -323,11 +320,9 @@ def _signature(args, dt, cos_dt):
 
 def variants(arch: int) -> list:
     out = []
-    fwd = [(FWD_TILES, 0, 0), (FWD_TILES_LOW_BANDWIDTH, FLAG_LOW_BANDWIDTH, 1)]
-    for family, kernel, args, configs in (
-            ("qkv_split_norm_rope_fwd", "qkv_split_norm_rope_fwd_kernel", FWD_ARGS, fwd),
-            ("qkv_split_norm_rope_bwd", "qkv_split_norm_rope_bwd_kernel", BWD_ARGS,
-             [(BWD_TILES, 0, None)])):
+    for family, kernel, args, tiles in (
+            ("qkv_split_norm_rope_fwd", "qkv_split_norm_rope_fwd_kernel", FWD_ARGS, FWD_TILES),
+            ("qkv_split_norm_rope_bwd", "qkv_split_norm_rope_bwd_kernel", BWD_ARGS, BWD_TILES)):
         for dt in DTYPES:
             for cos_dt in _cos_dtypes(dt):
                 base = _signature(args, dt, cos_dt)
@@ -336,15 +331,13 @@ def variants(arch: int) -> list:
                 for aligned in (0, FLAG_ALIGNED, FLAG_ALIGNED | FLAG_ROWS16):
                     hints = _ALIGNED + (("S",) if aligned & FLAG_ROWS16 else ())
                     divisible = aligned_args(base, aligned, hints)
-                    for tiles, tuned, cos_first in configs:
-                        flags = aligned | (FLAG_COS_FP32 if cos_dt != dt else 0) | tuned
-                        for hb, (bt, bh, warps) in tiles.items():
-                            cx = {"HB": hb, "BT": bt, "BH": bh}
-                            if cos_first is not None:
-                                cx["COS_FIRST"] = cos_first
-                            sig = {**base, **{c: "constexpr" for c in cx}}
-                            out.append(Variant(family=family, kernel=kernel, dtype=dt,
-                                               block=hb, signature=sig, constexprs=cx,
-                                               num_warps=warps, flags=flags,
-                                               divisible_by_16=divisible))
+                    flags = aligned | (FLAG_COS_FP32 if cos_dt != dt else 0)
+                    for hb, (bt, bh, warps, *cos_first) in tiles.items():
+                        cx = {"HB": hb, "BT": bt, "BH": bh}
+                        if cos_first:
+                            cx["COS_FIRST"] = cos_first[0]
+                        sig = {**base, **{c: "constexpr" for c in cx}}
+                        out.append(Variant(family=family, kernel=kernel, dtype=dt, block=hb,
+                                           signature=sig, constexprs=cx, num_warps=warps,
+                                           flags=flags, divisible_by_16=divisible))
     return out

@@ -115,9 +115,10 @@ std::tuple<Tensor, Tensor, Tensor> qkv_split_norm_rope_backward_cuda(
   static const auto& family_bwd = runtime::family("qkv_split_norm_rope_bwd");
   const auto l = prepare(op, family_bwd, p, x, q_norm_weight, k_norm_weight,
                          cos, sin, {&gq, &gk, &gv, &dqkv});
-  // Persistent grid: eight programs of 2 warps per multiprocessor, each over a stride of
-  // tiles (the fastest in benchmarks/tune_qkv_split_norm_rope.py on the H100; 4: 2 % slower).
-  const int64_t programs = runtime::persistent_grid(l.tiles, qkv.device(), 8).programs;
+  // Persistent grid: 16 warps of programs per multiprocessor (eight programs of 2 warps,
+  // 16 of one), each over a stride of tiles (benchmarks/NOTES.md v22, v27).
+  const int64_t per_sm = std::max(1, 16 / l.kern->num_warps);
+  const int64_t programs = runtime::persistent_grid(l.tiles, qkv.device(), per_sm).programs;
   // Partial weight gradients, written whenever the weight exists (even if frozen).
   auto part_q = has_qw ? aten::empty({programs, p.d}, kFloat, x.device()) : Tensor();
   auto part_k = has_kw ? aten::empty({programs, p.d}, kFloat, x.device()) : Tensor();
