@@ -4,11 +4,15 @@ only; the library uses the AOT variants in triton_src/qkv_split_norm_rope.py). A
 forward over tiles of BT tokens x BH heads and warps (cos / sin loaded after the rows'
 statistics, or first: COS_FIRST), and the backward over the same and the
 persistent programs per multiprocessor, so the best ones can be written into
-triton_src/qkv_split_norm_rope.py (FWD_TILES, FWD_TILES_LOW_BANDWIDTH, BWD_TILES) and the
-CUDA dispatch as data.
+triton_src/qkv_split_norm_rope.py (FWD_TILES, BWD_TILES) and the CUDA dispatch as data.
+The qkv is (S, B, N) with B = --batch (2 by default, as the benchmark's 8192 tokens in
+sequences of 4096): with B = 1 the JIT makes the batch a constant, as the library's
+variants do not, and v27's sweep at B = 1 ranked the backward's tiles unlike the library
+(benchmarks/NOTES.md v27).
 
     python benchmarks/tune_qkv_split_norm_rope.py [--tokens 8192] [--heads 32] [--kv-heads 4]
                                                   [--head-dim 128] [--top 8] [--cos-first 0,1]
+                                                  [--per-sm 1,2,4,8,16] [--kernels fwd,bwd]
 """
 import argparse
 import itertools
@@ -30,6 +34,7 @@ def bench(fn):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--batch", type=int, default=2, help="sequences (B) of tokens / batch")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=128)
@@ -38,24 +43,31 @@ def main():
     ap.add_argument("--bt", default="2,4,8,16,32", help="comma-separated tokens per tile")
     ap.add_argument("--bh", default="1,2,4,8", help="comma-separated heads per tile")
     ap.add_argument("--cos-first", default="0,1", help="forward forms: COS_FIRST 0 and / or 1")
+    ap.add_argument("--per-sm", default="1,2,4,8,16",
+                    help="backward: comma-separated persistent programs per multiprocessor")
+    ap.add_argument("--kernels", default="fwd,bwd", help="which kernels to sweep")
     args = ap.parse_args()
     t, hq, hkv, d = args.tokens, args.heads, args.kv_heads, args.head_dim
     dt = torch.bfloat16
     n = (hq + 2 * hkv) * d
-    qkv = torch.randn(t, 1, n, device="cuda", dtype=dt)
+    nb = args.batch
+    seq = t // nb
+    qkv = torch.randn(seq, nb, n, device="cuda", dtype=dt)
     qw = torch.rand(d, device="cuda", dtype=dt) + 0.5
     kw = torch.rand(d, device="cuda", dtype=dt) + 0.5
-    cos, sin = torch.randn(t, d, device="cuda", dtype=dt), torch.randn(t, d, device="cuda", dtype=dt)
-    outs = [torch.empty(1, t, h, d, device="cuda", dtype=dt) for h in (hq, hkv, hkv)]
+    cos, sin = (torch.randn(seq, d, device="cuda", dtype=dt) for _ in range(2))
+    outs = [torch.empty(nb, seq, h, d, device="cuda", dtype=dt) for h in (hq, hkv, hkv)]
     grads = [torch.randn_like(o) for o in outs]
     dqkv = torch.empty_like(qkv)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    parts = [torch.empty(16 * sms, d, device="cuda") for _ in range(2)]
+    per_sm_list = [int(v) for v in args.per_sm.split(",")]
+    parts = [torch.empty(max(per_sm_list) * sms, d, device="cuda") for _ in range(2)]
     half = d // 2
     hb = triton.next_power_of_2(half)
     mode = (K.GROUPED.value | K.TOKENS_SB.value | K.HAS_QW.value | K.HAS_KW.value)
-    common = (qkv.stride(1), qkv.stride(0), 0, cos.stride(0), 1, t, hq, hkv, d, half, half,
+    common = (qkv.stride(1), qkv.stride(0), 0, cos.stride(0), nb, seq, hq, hkv, d, half, half,
               mode, 1e-6)
+    t = seq * nb
     fwd_bytes = 2 * t * n * 2
     bwd_bytes = 3 * t * n * 2
     results = {"fwd": [], "bwd": []}
@@ -67,14 +79,14 @@ def main():
         if bt * bh * hb > 16384:
             continue
         tiles = triton.cdiv(t, bt) * (triton.cdiv(hq, bh) + 2 * triton.cdiv(hkv, bh))
-        for cf in ints(args.cos_first):
+        for cf in ints(args.cos_first) if "fwd" in args.kernels else ():
             ms = bench(lambda: K.qkv_split_norm_rope_fwd_kernel[(tiles,)](
                 qkv, qw, kw, cos, sin, *outs, *common, HB=hb, BT=bt, BH=bh, COS_FIRST=cf,
                 num_warps=warps))
             results["fwd"].append((ms, bt, bh, warps, 0, cf))
             print(f"fwd BT {bt:2d} BH {bh} warps {warps} COS_FIRST {cf}: {ms * 1e3:8.1f} us",
                   flush=True)
-        for per_sm in (1, 2, 4, 8, 16):
+        for per_sm in per_sm_list if "bwd" in args.kernels else ():
             progs = min(tiles, per_sm * sms)
             ms = bench(lambda: K.qkv_split_norm_rope_bwd_kernel[(progs,)](
                 *grads, qkv, qw, kw, cos, sin, dqkv, *parts, *common, HB=hb, BT=bt, BH=bh,
