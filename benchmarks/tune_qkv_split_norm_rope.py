@@ -6,8 +6,9 @@ statistics, or first: COS_FIRST), and the backward over the same and the
 persistent programs per multiprocessor, so the best ones can be written into
 triton_src/qkv_split_norm_rope.py (FWD_TILES, BWD_TILES) and the CUDA dispatch as data.
 The qkv is (S, B, N) with B = --batch (2 by default, as the benchmark's 8192 tokens in
-sequences of 4096): with B = 1 the JIT makes the batch a constant, as the library's
-variants do not, and v27's sweep at B = 1 ranked the backward's tiles unlike the library
+sequences of 4096; at B = 1 the JIT makes the batch a constant, which the library's variants
+do not). The backward's times are the kernel's alone: the library also sums the programs'
+weight-gradient rows afterwards, so a grid of more programs gains less there than here
 (benchmarks/NOTES.md v27).
 
     python benchmarks/tune_qkv_split_norm_rope.py [--tokens 8192] [--heads 32] [--kv-heads 4]
