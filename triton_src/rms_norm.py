@@ -134,10 +134,15 @@ _BWD_ARGS = ("dy_ptr", "x_ptr", "w_ptr", "rstd_ptr", "dx_ptr", "dw_ptr", "dy_str
              "x_stride", "dx_stride", "M", "N", "offset", "rows_per_program", "has_w",
              "casting")
 _DW_ARGS = ("partial_ptr", "dw_ptr", "P", "N")
-# (rows, columns, warps) per step of the dw reduction. Its steps are latency-bound (one load
-# round trip each), so a step takes many rows of a narrow column block: 1056 partial rows of
-# 128 columns took 24 us as 33 steps of (32, 64) (benchmarks/NOTES.md v18).
-_DW_BLOCK = (256, 16, 8)
+# (rows, columns, warps) per step of the dw reduction, by flags. Its steps are latency-bound
+# (one load round trip each), so a step takes many rows of a narrow column block: 1056
+# partial rows of 128 columns took 24 us as 33 steps of (32, 64) (benchmarks/NOTES.md v18).
+# FLAG_DW_TALL, taken from DW_TALL_ROWS partial rows on (the CUDA side): fewer, taller steps
+# for the grids of many small programs (qkv_split_norm_rope's backward, 2112 rows; H100,
+# 128 columns: 13.0 -> 7.6 us at 2112 rows, 9.1 -> 6.1 at 1056; NOTES v27).
+FLAG_DW_TALL = 2
+DW_TALL_ROWS = 1024
+_DW_BLOCKS = {0: (256, 16, 8), FLAG_DW_TALL: (2048, 8, 16)}
 _TYPES = {"rstd_ptr": "*fp32", "dw_ptr": "*fp32", "partial_ptr": "*fp32", "P": "i32",
           "eps": "fp32", "offset": "fp32",
           "x_stride": "i64", "y_stride": "i64", "dy_stride": "i64", "dx_stride": "i64",
@@ -174,8 +179,9 @@ def variants(arch: int) -> list:
                 {"BLOCK_N": LOOP_BLOCK}, 8)
         sig = _signature(_DW_ARGS, dt, ("BLOCK_P", "BLOCK_N"))
         sig["dw_ptr"] = f"*{dt}"
-        out.append(Variant(family="rms_norm_dw", kernel="rms_norm_dw_kernel", dtype=dt,
-                           block=_DW_BLOCK[1], signature=sig,
-                           constexprs={"BLOCK_P": _DW_BLOCK[0], "BLOCK_N": _DW_BLOCK[1]},
-                           num_warps=_DW_BLOCK[2]))
+        for flags, (rows, cols, warps) in _DW_BLOCKS.items():
+            out.append(Variant(family="rms_norm_dw", kernel="rms_norm_dw_kernel", dtype=dt,
+                               block=cols, signature=sig, flags=flags,
+                               constexprs={"BLOCK_P": rows, "BLOCK_N": cols},
+                               num_warps=warps))
     return out
