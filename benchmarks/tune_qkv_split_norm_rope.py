@@ -32,6 +32,10 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def ints(text):
+    return [int(v) for v in text.split(",")]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=8192)
@@ -53,6 +57,7 @@ def main():
     n = (hq + 2 * hkv) * d
     nb = args.batch
     seq = t // nb
+    t = seq * nb
     qkv = torch.randn(seq, nb, n, device="cuda", dtype=dt)
     qw = torch.rand(d, device="cuda", dtype=dt) + 0.5
     kw = torch.rand(d, device="cuda", dtype=dt) + 0.5
@@ -61,20 +66,15 @@ def main():
     grads = [torch.randn_like(o) for o in outs]
     dqkv = torch.empty_like(qkv)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    per_sm_list = [int(v) for v in args.per_sm.split(",")]
-    parts = [torch.empty(max(per_sm_list) * sms, d, device="cuda") for _ in range(2)]
+    parts = [torch.empty(max(ints(args.per_sm)) * sms, d, device="cuda") for _ in range(2)]
     half = d // 2
     hb = triton.next_power_of_2(half)
     mode = (K.GROUPED.value | K.TOKENS_SB.value | K.HAS_QW.value | K.HAS_KW.value)
     common = (qkv.stride(1), qkv.stride(0), 0, cos.stride(0), nb, seq, hq, hkv, d, half, half,
               mode, 1e-6)
-    t = seq * nb
     fwd_bytes = 2 * t * n * 2
     bwd_bytes = 3 * t * n * 2
     results = {"fwd": [], "bwd": []}
-
-    def ints(text):
-        return [int(v) for v in text.split(",")]
 
     for bt, bh, warps in itertools.product(ints(args.bt), ints(args.bh), ints(args.warps)):
         if bt * bh * hb > 16384:
@@ -87,7 +87,7 @@ def main():
             results["fwd"].append((ms, bt, bh, warps, 0, cf))
             print(f"fwd BT {bt:2d} BH {bh} warps {warps} COS_FIRST {cf}: {ms * 1e3:8.1f} us",
                   flush=True)
-        for per_sm in per_sm_list if "bwd" in args.kernels else ():
+        for per_sm in ints(args.per_sm) if "bwd" in args.kernels else ():
             progs = min(tiles, per_sm * sms)
             ms = bench(lambda: K.qkv_split_norm_rope_bwd_kernel[(progs,)](
                 *grads, qkv, qw, kw, cos, sin, dqkv, *parts, *common, HB=hb, BT=bt, BH=bh,

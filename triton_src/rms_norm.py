@@ -137,11 +137,10 @@ _DW_ARGS = ("partial_ptr", "dw_ptr", "P", "N")
 # (rows, columns, warps) per step of the dw reduction, by flags. Its steps are latency-bound
 # (one load round trip each), so a step takes many rows of a narrow column block: 1056
 # partial rows of 128 columns took 24 us as 33 steps of (32, 64) (benchmarks/NOTES.md v18).
-# FLAG_DW_TALL, taken from DW_TALL_ROWS partial rows on (the CUDA side): fewer, taller steps
-# for the grids of many small programs (qkv_split_norm_rope's backward, 2112 rows; H100,
-# 128 columns: 13.0 -> 7.6 us at 2112 rows, 9.1 -> 6.1 at 1056; NOTES v27).
+# FLAG_DW_TALL, which the CUDA side takes from 1024 partial rows on: fewer, taller steps for
+# the grids of many small programs (qkv_split_norm_rope's backward, 2112 rows; H100, 128
+# columns: 13.0 -> 7.6 us at 2112 rows, 9.1 -> 6.1 at 1056; NOTES v27).
 FLAG_DW_TALL = 2
-DW_TALL_ROWS = 1024
 _DW_BLOCKS = {0: (256, 16, 8), FLAG_DW_TALL: (2048, 8, 16)}
 _TYPES = {"rstd_ptr": "*fp32", "dw_ptr": "*fp32", "partial_ptr": "*fp32", "P": "i32",
           "eps": "fp32", "offset": "fp32",

@@ -16,15 +16,18 @@ namespace fk::ops {
 
 namespace rms_cuda {
 
+// Matches triton_src/rms_norm.py: the dw reduction's variant of taller steps, taken from
+// this many partial rows on (benchmarks/NOTES.md v27).
+constexpr uint32_t kFlagDwTall = 2;
+constexpr int64_t kDwTallRows = 1024;
+
 Tensor reduce_dw(const char* op, const Tensor& partial, const Tensor& weight) {
-  // One pass over the fp32 partial rows, written in the weight's dtype; from 1024 rows
-  // (triton_src/rms_norm.py DW_TALL_ROWS) in fewer, taller steps (FLAG_DW_TALL).
+  // One pass over the fp32 partial rows, written in the weight's dtype; from kDwTallRows
+  // rows in fewer, taller steps.
   static const auto& reduce = runtime::family("rms_norm_dw");
-  constexpr uint32_t kDwTall = 2;
-  constexpr int64_t kDwTallRows = 1024;
   const int64_t n = partial.size(1);
   auto dw = aten::empty({n}, weight.scalar_type(), weight.device());
-  const auto& k = reduce.pick(op, dw, 0, partial.size(0) >= kDwTallRows ? kDwTall : 0);
+  const auto& k = reduce.pick(op, dw, 0, partial.size(0) >= kDwTallRows ? kFlagDwTall : 0);
   runtime::KernelArgs args;
   args.ptr(partial).ptr(dw).i32(partial.size(0)).i32(n);
   runtime::launch(op, k, weight.device(), {checks::ceil_div(n, k.block), 1, 1}, args);
