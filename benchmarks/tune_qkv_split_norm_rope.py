@@ -66,7 +66,7 @@ def main():
     grads = [torch.randn_like(o) for o in outs]
     dqkv = torch.empty_like(qkv)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    parts = [torch.empty(max(ints(args.per_sm)) * sms, d, device="cuda") for _ in range(2)]
+    part = torch.empty(max(ints(args.per_sm)) * sms, 2 * d, device="cuda")
     half = d // 2
     hb = triton.next_power_of_2(half)
     mode = (K.GROUPED.value | K.TOKENS_SB.value | K.HAS_QW.value | K.HAS_KW.value)
@@ -90,7 +90,7 @@ def main():
         for per_sm in ints(args.per_sm) if "bwd" in args.kernels else ():
             progs = min(tiles, per_sm * sms)
             ms = bench(lambda: K.qkv_split_norm_rope_bwd_kernel[(progs,)](
-                *grads, qkv, qw, kw, cos, sin, dqkv, *parts, *common, HB=hb, BT=bt, BH=bh,
+                *grads, qkv, qw, kw, cos, sin, dqkv, part, *common, HB=hb, BT=bt, BH=bh,
                 num_warps=warps))
             results["bwd"].append((ms, bt, bh, warps, per_sm, None))
             print(f"bwd BT {bt:2d} BH {bh} warps {warps} programs/SM {per_sm:2d}: "

@@ -21,8 +21,8 @@ rotary_dim / 2). Dims 2 * half .. D pass through (normalized). v rows are copied
 Backward: dn = the transposed rotation of the output gradient (d1 = g1 c1 + g2 s2,
 d2 = g2 c2 - g1 s1), then the RMSNorm backward with rstd recomputed from the saved qkv:
 dx = rstd * (dn w - x_hat * mean(dn w x_hat)); dw partials sum dn * round(x_hat) in fp32 per
-program (one row of (programs, D) per weight, summed by rms_norm_dw). v rows copy their
-gradient. Every element of dqkv is written.
+program (its row of (programs, 2 D): q's weight, then k's; one rms_norm_dw launch sums both).
+v rows copy their gradient. Every element of dqkv is written.
 
 Work split: a tile is BT tokens by BH heads of one kind (q, k or v), tiles ordered
 [token block][q head blocks..., k head blocks..., v head blocks...] (heads fastest: input
@@ -185,11 +185,12 @@ def qkv_split_norm_rope_fwd_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo
 
 @triton.jit
 def qkv_split_norm_rope_bwd_kernel(dqo_ptr, dko_ptr, dvo_ptr, qkv_ptr, qw_ptr, kw_ptr, cos_ptr,
-                                   sin_ptr, dqkv_ptr, dqw_ptr, dkw_ptr, in_sb, in_ss, cos_sb,
-                                   cos_ss, B, S, Hq, Hkv, D, half, c2_off, mode, eps,
-                                   HB: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
+                                   sin_ptr, dqkv_ptr, dw_ptr, in_sb, in_ss, cos_sb, cos_ss, B,
+                                   S, Hq, Hkv, D, half, c2_off, mode, eps, HB: tl.constexpr,
+                                   BT: tl.constexpr, BH: tl.constexpr):
     """Persistent: program p walks tiles p, p + P, ...; its fp32 dw partials go to row p of
-    dqw_ptr / dkw_ptr ((P, D) each, written whenever the weight exists)."""
+    dw_ptr ((P, 2 D): q's weight in columns 0 .. D, k's in D .. 2 D, each written whenever
+    the weight exists), so that one launch sums both."""
     dtype = dqkv_ptr.dtype.element_ty
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -202,8 +203,8 @@ def qkv_split_norm_rope_bwd_kernel(dqo_ptr, dko_ptr, dvo_ptr, qkv_ptr, qw_ptr, k
     aq2 = tl.zeros((HB,), dtype=tl.float32)
     ak1 = tl.zeros((HB,), dtype=tl.float32)
     ak2 = tl.zeros((HB,), dtype=tl.float32)
-    dqw_row = dqw_ptr + pid.to(tl.int64) * D
-    dkw_row = dkw_ptr + pid.to(tl.int64) * D
+    dqw_row = dw_ptr + pid.to(tl.int64) * (2 * D)
+    dkw_row = dqw_row + D
     for c0 in range(rot, D, HB):
         pc = c0 + cols
         tl.store(dqw_row + pc, tl.zeros((HB,), dtype=tl.float32),
@@ -278,10 +279,10 @@ FWD_ARGS = ("qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_p
             "in_sb", "in_ss", "cos_sb", "cos_ss", "B", "S", "Hq", "Hkv", "D", "half", "c2_off",
             "mode", "eps")
 BWD_ARGS = ("dqo_ptr", "dko_ptr", "dvo_ptr", "qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr",
-            "sin_ptr", "dqkv_ptr", "dqw_ptr", "dkw_ptr", "in_sb", "in_ss", "cos_sb", "cos_ss",
+            "sin_ptr", "dqkv_ptr", "dw_ptr", "in_sb", "in_ss", "cos_sb", "cos_ss",
             "B", "S", "Hq", "Hkv", "D", "half", "c2_off", "mode", "eps")
 _TYPES = {"in_sb": "i64", "in_ss": "i64", "cos_sb": "i64", "cos_ss": "i64", "eps": "fp32",
-          "dqw_ptr": "*fp32", "dkw_ptr": "*fp32"}
+          "dw_ptr": "*fp32"}
 # Divisible by 16 in the aligned variants (with every pointer).
 # c2_off is 0 or half, so a multiple of 16 wherever half is (without the hint c2 / s2 load one
 # element at a time).

@@ -108,8 +108,11 @@ def rms_norm_bwd_looped_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, d
 
 
 @triton.jit
-def rms_norm_dw_kernel(partial_ptr, dw_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dw[j] = sum_p partial[p, j], summed in fp32, written in dw's dtype."""
+def rms_norm_dw_kernel(partial_ptr, dw_ptr, dw2_ptr, P, N, N1, BLOCK_P: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+    """Column sums of the (P, N) fp32 partial rows, summed in fp32 and written in the outputs'
+    dtype: columns j < N1 to dw[j], the others to dw2[j - N1] (two weights' gradients from
+    one launch; N1 = N for one)."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
@@ -118,7 +121,10 @@ def rms_norm_dw_kernel(partial_ptr, dw_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N
         mask = (rows < P)[:, None] & col_mask[None, :]
         acc += tl.load(partial_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], mask=mask,
                        other=0.0)
-    tl.store(dw_ptr + cols, tl.sum(acc, axis=0).to(dw_ptr.dtype.element_ty), mask=col_mask)
+    dw = tl.sum(acc, axis=0).to(dw_ptr.dtype.element_ty)
+    first = cols < N1
+    tl.store(dw_ptr + cols, dw, mask=col_mask & first)
+    tl.store(dw2_ptr + (cols - N1), dw, mask=col_mask & (cols >= N1))
 
 
 # Single-pass buckets: (BLOCK_N, rows per program, warps). Rows past the largest bucket go
@@ -133,7 +139,7 @@ _FWD_ARGS = ("x_ptr", "w_ptr", "y_ptr", "rstd_ptr", "x_stride", "y_stride", "M",
 _BWD_ARGS = ("dy_ptr", "x_ptr", "w_ptr", "rstd_ptr", "dx_ptr", "dw_ptr", "dy_stride",
              "x_stride", "dx_stride", "M", "N", "offset", "rows_per_program", "has_w",
              "casting")
-_DW_ARGS = ("partial_ptr", "dw_ptr", "P", "N")
+_DW_ARGS = ("partial_ptr", "dw_ptr", "dw2_ptr", "P", "N", "N1")
 # (rows, columns, warps) per step of the dw reduction, by flags. Its steps are latency-bound
 # (one load round trip each), so a step takes many rows of a narrow column block: 1056
 # partial rows of 128 columns took 24 us as 33 steps of (32, 64) (benchmarks/NOTES.md v18).
@@ -177,7 +183,7 @@ def variants(arch: int) -> list:
             add("rms_norm_bwd_looped", "rms_norm_bwd_looped_kernel", _BWD_ARGS, LOOP_BLOCK,
                 {"BLOCK_N": LOOP_BLOCK}, 8)
         sig = _signature(_DW_ARGS, dt, ("BLOCK_P", "BLOCK_N"))
-        sig["dw_ptr"] = f"*{dt}"
+        sig.update(dw_ptr=f"*{dt}", N1="i32")
         for flags, (rows, cols, warps) in _DW_BLOCKS.items():
             out.append(Variant(family="rms_norm_dw", kernel="rms_norm_dw_kernel", dtype=dt,
                                block=cols, signature=sig, flags=flags,

@@ -104,7 +104,7 @@ def test_interpreter(dtype, mode, kind):
     gx, gw = ref_grads(x, r, w, dy, ds, eps, offset, mode, cast=round_toward_zero)
     assert_close(dx, round_toward_zero(gx.float(), dtype), dtype, factor=3, what="dx")
     dw = torch.full((n,), float("nan"), dtype=dtype)
-    dw_kernel[(cdiv(n, 64),)](dw_partial, dw, programs, n, BLOCK_P=2, BLOCK_N=64)
+    dw_kernel[(cdiv(n, 64),)](dw_partial, dw, dw, programs, n, n, BLOCK_P=2, BLOCK_N=64)
     assert_close(dw, round_toward_zero(gw.float(), dtype), dtype, factor=3, what="dw")
 
 

@@ -42,8 +42,25 @@ def test_interpreter(dtype, mode, n, block, looped):
     gx, gw = ref_rms_norm_grads(x, w, dy, eps, offset, mode, cast=round_toward_zero)
     assert_close(dx, round_toward_zero(gx.float(), dtype), dtype, factor=3, what="dx")
     dw = torch.full((n,), float("nan"), dtype=dtype)
-    mod.rms_norm_dw_kernel[(cdiv(n, 64),)](dw_partial, dw, programs, n, BLOCK_P=2, BLOCK_N=64)
+    mod.rms_norm_dw_kernel[(cdiv(n, 64),)](dw_partial, dw, dw, programs, n, n, BLOCK_P=2,
+                                           BLOCK_N=64)
     assert_close(dw, round_toward_zero(gw.float(), dtype), dtype, factor=3, what="dw")
+
+
+@pytest.mark.parametrize("n1", [0, 5, 64, 100, 128])
+def test_interpreter_dw_two_outputs(n1):
+    """rms_norm_dw_kernel's column sums of (P, N) fp32 partials, split at n1 between two
+    outputs (qkv_split_norm_rope's q and k weights from one launch), against float64."""
+    mod = load_triton_src("rms_norm")
+    p, n = 7, 128
+    part = randn(p, n, dtype=torch.float32)
+    dw1 = torch.full((max(n1, 1),), float("nan"), dtype=torch.bfloat16)
+    dw2 = torch.full((max(n - n1, 1),), float("nan"), dtype=torch.bfloat16)
+    mod.rms_norm_dw_kernel[(cdiv(n, 16),)](part, dw1, dw2, p, n, n1, BLOCK_P=4, BLOCK_N=16)
+    want = part.double().sum(0)
+    assert_close(dw1[:n1], want[:n1].to(torch.bfloat16), torch.bfloat16, what="dw1")
+    assert_close(dw2[:n - n1], want[n1:].to(torch.bfloat16), torch.bfloat16, what="dw2")
+    assert torch.isnan(dw1[n1:]).all() and torch.isnan(dw2[n - n1:]).all(), "written past"
 
 
 # --- level 2: the CPU backend against the reference --------------------------------------

@@ -119,19 +119,26 @@ std::tuple<Tensor, Tensor, Tensor> qkv_split_norm_rope_backward_cuda(
   // 16 of one), each over a stride of tiles (benchmarks/NOTES.md v22, v27).
   const int64_t per_sm = std::max(1, 16 / l.kern->num_warps);
   const int64_t programs = runtime::persistent_grid(l.tiles, qkv.device(), per_sm).programs;
-  // Partial weight gradients, written whenever the weight exists (even if frozen).
-  auto part_q = has_qw ? aten::empty({programs, p.d}, kFloat, x.device()) : Tensor();
-  auto part_k = has_kw ? aten::empty({programs, p.d}, kFloat, x.device()) : Tensor();
+  // Partial weight gradients, q's then k's in one row a program, written whenever the
+  // weight exists (even if frozen), summed by one launch.
+  auto part = has_qw || has_kw ? aten::empty({programs, 2 * p.d}, kFloat, x.device())
+                                : Tensor();
   const Tensor& qw = has_qw ? *q_norm_weight : x;
   const Tensor& kw = has_kw ? *k_norm_weight : x;
   KernelArgs args;
   args.ptr(gq).ptr(gk).ptr(gv).ptr(x).ptr(qw).ptr(kw).ptr(l.cos).ptr(l.sin).ptr(dqkv)
-      .ptr(has_qw ? part_q : dqkv).ptr(has_kw ? part_k : dqkv)
+      .ptr(has_qw || has_kw ? part : dqkv)
       .i64(l.in_sb).i64(l.in_ss).i64(l.cos_sb).i64(l.cos_ss).i32(p.b).i32(p.s).i32(p.hq)
       .i32(p.hkv).i32(p.d).i32(l.half).i32(l.c2_off).i32(l.mode).f32(eps);
   runtime::launch(op, *l.kern, qkv.device(), {programs, 1, 1}, args);
-  if (has_qw && output_mask[0]) dqw = rms_cuda::reduce_dw(op, part_q, *q_norm_weight);
-  if (has_kw && output_mask[1]) dkw = rms_cuda::reduce_dw(op, part_k, *k_norm_weight);
+  const bool want_q = has_qw && output_mask[0], want_k = has_kw && output_mask[1];
+  if (want_q || want_k) {
+    // Both weights' columns in one launch (those of an absent weight are summed and dropped);
+    // the weights have qkv's dtype.
+    auto dws = rms_cuda::reduce_dw2(op, part, p.d, x);
+    if (want_q) dqw = dws.first;
+    if (want_k) dkw = dws.second;
+  }
   return {dqkv, dqw, dkw};
 }
 

@@ -21,17 +21,34 @@ namespace rms_cuda {
 constexpr uint32_t kFlagDwTall = 2;
 constexpr int64_t kDwTallRows = 1024;
 
-Tensor reduce_dw(const char* op, const Tensor& partial, const Tensor& weight) {
-  // One pass over the fp32 partial rows, written in the weight's dtype; from kDwTallRows
-  // rows in fewer, taller steps.
+namespace {
+
+// Column sums of the fp32 (P, N) partials: columns below n1 into dw, the others into dw2
+// (dw itself when n1 == N). From kDwTallRows rows in fewer, taller steps.
+void launch_dw(const char* op, const Tensor& partial, const Tensor& dw, const Tensor& dw2,
+               int64_t n1) {
   static const auto& reduce = runtime::family("rms_norm_dw");
   const int64_t n = partial.size(1);
-  auto dw = aten::empty({n}, weight.scalar_type(), weight.device());
   const auto& k = reduce.pick(op, dw, 0, partial.size(0) >= kDwTallRows ? kFlagDwTall : 0);
   runtime::KernelArgs args;
-  args.ptr(partial).ptr(dw).i32(partial.size(0)).i32(n);
-  runtime::launch(op, k, weight.device(), {checks::ceil_div(n, k.block), 1, 1}, args);
+  args.ptr(partial).ptr(dw).ptr(dw2).i32(partial.size(0)).i32(n).i32(n1);
+  runtime::launch(op, k, dw.device(), {checks::ceil_div(n, k.block), 1, 1}, args);
+}
+
+}  // namespace
+
+Tensor reduce_dw(const char* op, const Tensor& partial, const Tensor& weight) {
+  auto dw = aten::empty({partial.size(1)}, weight.scalar_type(), weight.device());
+  launch_dw(op, partial, dw, dw, partial.size(1));
   return dw;
+}
+
+std::pair<Tensor, Tensor> reduce_dw2(const char* op, const Tensor& partial, int64_t n1,
+                                     const Tensor& weight) {
+  auto dw1 = aten::empty({n1}, weight.scalar_type(), weight.device());
+  auto dw2 = aten::empty({partial.size(1) - n1}, weight.scalar_type(), weight.device());
+  launch_dw(op, partial, dw1, dw2, n1);
+  return {dw1, dw2};
 }
 
 }  // namespace rms_cuda
