@@ -177,6 +177,22 @@ INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
 @triton.jit
+def sigmoid_approx(x):
+    """1 / (1 + exp(-x)) in fp32 through the approximate exp2 and reciprocal of the hardware
+    (ex2 / rcp .approx.ftz: within a few ulp of fp32; results below 2^-126 flush to 0): 4
+    instructions an element, where tl.sigmoid's exp and division, careful of subnormals and of
+    huge denominators, take about 12. NaN gives NaN, +inf 1, -inf 0. Under the interpreter,
+    the formula itself."""
+    if INTERPRETED:
+        return 1.0 / (1.0 + tl.exp(-x))
+    e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f",
+                                  [x * -1.4426950408889634], dtype=tl.float32, is_pure=True,
+                                  pack=1)
+    return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [1.0 + e],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def fp8_amax(a, axis: tl.constexpr):
     """The maximum of a (absolute values) along axis, NaN where any is NaN: a block holding a
     NaN gets a NaN scale (fp8_scale). Under the interpreter a NaN reads as inf instead, which

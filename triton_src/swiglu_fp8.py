@@ -41,7 +41,8 @@ newer only (as fp8_quantize: sm_80 has no FP8 conversions).
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args, fp8_amax, fp8_store_packed
+from _common import (DTYPES, FLAG_ALIGNED, Variant, aligned_args, fp8_amax, fp8_store_packed,
+                     sigmoid_approx)
 from _common import fp8_quantize_values as _quantize
 from _common import fp8_scale as _scale
 
@@ -91,7 +92,7 @@ def _h_rows(x_ptr, p_ptr, h_ptr, rows, cols, end, n, has_p, want_h):
     x_offs = rows[:, None] * (2 * n) + cols[None, :]
     g = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + x_offs + n, mask=mask, other=0.0).to(tl.float32)
-    h = g * tl.sigmoid(g) * u
+    h = g * sigmoid_approx(g) * u
     if has_p != 0:
         h = h * tl.load(p_ptr + rows, mask=rows < end, other=0.0)[:, None]
     h = h.to(h_ptr.dtype.element_ty)
@@ -162,7 +163,7 @@ def swiglu_fp8_fwd_kernel(x_ptr, p_ptr, tpe_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, h
 @triton.jit
 def _swiglu_grads(dh, g, u):
     """(d gate, d up) of silu(g) * u given dh, fp32."""
-    sg = tl.sigmoid(g)
+    sg = sigmoid_approx(g)
     silu = g * sg
     return dh * u * (sg + silu * (1.0 - sg)), dh * silu
 
@@ -226,7 +227,7 @@ def swiglu_fp8_dx_kernel(dh_ptr, x_ptr, p_ptr, dx_ptr, dp_ptr, q_ptr, s_ptr, M, 
             _store_fp8(du.to(dtype).to(tl.float32), rows, cols + n, rmask, cmask, q_ptr, s_ptr,
                        q_ptr, s_ptr, M, 2 * n, n // BLOCK_N + blk, 0, 1, 0, pow2)
         if has_p != 0:
-            acc += dh * (g * tl.sigmoid(g)) * u
+            acc += dh * (g * sigmoid_approx(g)) * u
     tl.store(dp_ptr + rows, tl.sum(acc, axis=1), mask=rmask & (has_p != 0))
 
 
