@@ -135,12 +135,43 @@ FP8_MAX = tl.constexpr(448.0)
 FP8_MIN_SCALE = tl.constexpr(1.1754943508222875e-38)  # 2^-126, the smallest normal float32
 
 
+FP8_INV_MAX = tl.constexpr(0.0022321429569274187)  # 1 / 448 rounded to float32
+
+
+@triton.jit
+def div448_rn(a):
+    """a / 448 correctly rounded for float32 a >= 0 (inf and NaN give NaN), by the product
+    with 1 / 448 corrected once by its exact remainder (two FMAs; Brisebarre-Muller-Raina's
+    division by a constant): 3 instructions where div.rn takes about 10 and a slow path.
+    Exhaustively equal to div.rn over every float32 a >= 0 whose quotient is normal
+    (benchmarks/NOTES.md v28); below 2^-126 fp8_scale clamps it. Under the interpreter,
+    div_rn itself."""
+    if INTERPRETED:
+        return tl.math.div_rn(a, tl.full(a.shape, 448.0, tl.float32))
+    q = a * FP8_INV_MAX
+    r = tl.fma(-q, 448.0, a)
+    return tl.fma(r, FP8_INV_MAX, q)
+
+
+@triton.jit
+def rcp_rn(s):
+    """1 / s correctly rounded for float32 s in [2^-126, 2^126] (NaN gives NaN): the
+    hardware's approximate reciprocal refined by one Newton step in FMAs (3 instructions where
+    div.rn takes about 10 and a slow path); exhaustively equal to div.rn over that range
+    (benchmarks/NOTES.md v28). Under the interpreter, div_rn itself."""
+    if INTERPRETED:
+        return tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+    y = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [s], dtype=tl.float32,
+                                  is_pure=True, pack=1)
+    return tl.fma(tl.fma(-s, y, 1.0), y, y)
+
+
 @triton.jit
 def fp8_scale(amax, pow2):
     """The dequantization scale of blocks of absolute maximum ``amax`` (fp8_amax's: NaN for a
     block holding a NaN): max(amax / 448, 2^-126) correctly rounded, 1 for amax 0, rounded
     up to a power of two when ``pow2 != 0``, NaN for amax inf or NaN."""
-    s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    s = div448_rn(amax)
     s = tl.where(amax == 0.0, 1.0, tl.maximum(s, FP8_MIN_SCALE))
     if pow2 != 0:
         bits = s.to(tl.int32, bitcast=True)
@@ -158,7 +189,7 @@ def fp8_quantize_values(x, s, out_ty: tl.constexpr = tl.float32):
     kept) and is not repeated here: the same bytes, 20-30 % fewer instructions with the
     NaN-propagating maxima of fp8_amax (benchmarks/NOTES.md v24); other element types (the
     interpreter tests' float32) get it explicitly."""
-    q = x * tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+    q = x * rcp_rn(s)
     if out_ty != tl.float8e4nv:
         q = tl.where(q > FP8_MAX, FP8_MAX, tl.where(q < -FP8_MAX, -FP8_MAX, q))
     return q
