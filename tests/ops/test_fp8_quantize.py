@@ -191,6 +191,44 @@ def test_cpu_matches_reference(dtype, block, layout, pow2, shape):
     check_against_ref(randn(*shape, dtype=dtype, scale=5.0), block, layout, pow2)
 
 
+def scales_input(device):
+    """float32 (4096 + 64, 256) whose 1 x 128 blocks' maxima cover float32's magnitudes: each
+    block one random positive finite float32 (uniform over its bit patterns: every exponent,
+    the subnormals included), the others within it; then the edges of the scale's
+    arithmetic: around 448 * 2^-126 (the scale's floor), the largest floats, mantissas of all
+    ones, 448 and its neighbours."""
+    g = torch.Generator().manual_seed(7)
+    m = 4096
+    bits = torch.randint(1, 0x7F7FFFFF + 1, (m, 2), generator=g, dtype=torch.int64)
+    edges = [448 * 2.0 ** -126, 448.0, 3.4028234663852886e38, 1.0 - 2.0 ** -24, 2.0 - 2.0 ** -23,
+             7.0, 1.5, 2.0 ** -100 * (2 - 2.0 ** -23)]
+    e = torch.tensor(edges, dtype=torch.float32)
+    e = torch.cat([e, torch.nextafter(e, torch.zeros_like(e)), torch.nextafter(e, e * 2)])
+    e = e[torch.isfinite(e)]
+    amax = torch.cat([bits.to(torch.int32).view(torch.float32).reshape(-1),
+                      e.repeat(cdiv(128, e.numel()))[:128]]).reshape(-1, 2)
+    x = amax.repeat_interleave(128, dim=1) * (torch.rand(amax.shape[0], 256, generator=g) * 2 - 1)
+    pos = torch.randint(0, 128, amax.shape, generator=g)
+    sign = torch.where(torch.rand(amax.shape, generator=g) < 0.5, -1.0, 1.0)
+    for b in range(2):
+        x[torch.arange(amax.shape[0]), pos[:, b] + 128 * b] = amax[:, b] * sign[:, b]
+    return x.to(device)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("pow2", [False, True])
+def test_scales_over_float32_magnitudes(device, pow2):
+    """Bit for bit against the float64 reference over blocks whose maxima span float32 (the
+    GPU kernels take a / 448 and 1 / s through FMA sequences, not division)."""
+    if device == "cuda" and not _fp8_gpu():
+        pytest.skip("no FP8 GPU (compute capability < 9.0)")
+    x = scales_input(device)
+    assert torch.isfinite(x).all()
+    check_against_ref(x, (1, 128), "both", pow2)
+    if device == "cuda":
+        check_against_ref(misaligned(x), (1, 128), "both", pow2)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block", BLOCKS)
 @pytest.mark.parametrize("pow2", [False, True])
