@@ -12,6 +12,10 @@ Plain form: x (tokens, 2 n) with n the model's intermediate size (Llama-3-8B: 14
 experts, top 8, so 65536 rows), the rows split evenly over the experts (256 rows each at 8192
 tokens, so that the per-segment column-wise blocks of the MoE layout are the plain layout's,
 which the torch reference computes without a host loop over experts), probs float32 per row.
+--counts routed: the rows a top-k routing of random logits gives each expert instead
+(seeded), each segment padded to a multiple of 16 rows as moe_permute's pad_to=16 does, so
+that segments end anywhere in their last 128-row block; fk only (the torch reference needs
+the even split).
 
 --pass fwd: h = silu(gate) * up (* p) quantized, --layout both by default (the row-wise copy
 for the down projection's forward GEMM, the column-wise one for its weight-gradient GEMM).
@@ -60,6 +64,8 @@ def main():
     p.add_argument("--moe-n", type=int, default=1408, help="MoE form: intermediate per expert")
     p.add_argument("--experts", type=int, default=256)
     p.add_argument("--topk", type=int, default=8)
+    p.add_argument("--counts", default="even", choices=["even", "routed"],
+                   help="MoE form: rows per expert split evenly, or as a random routing gives")
     p.set_defaults(modes="forward", tokens="8192")
     args = p.parse_args()
     ctx = H.setup(args)
@@ -74,18 +80,25 @@ def main():
     layout = args.layout
     e = ctx.elem
 
+    def expert_counts(tokens):
+        if args.counts == "even":
+            per, rest = divmod(tokens * args.topk, args.experts)
+            return [per + (i < rest) for i in range(args.experts)]
+        g = torch.Generator().manual_seed(0)
+        top = torch.randn(tokens, args.experts, generator=g).topk(args.topk, dim=1).indices
+        counts = torch.bincount(top.flatten(), minlength=args.experts)
+        return ((counts + 15) // 16 * 16).tolist()
+
     def rows_of(tokens):
-        return tokens * args.topk if moe else tokens
+        return sum(expert_counts(tokens)) if moe else tokens
 
     def make_inputs(tokens):
         m = rows_of(tokens)
         x = torch.randn(m, 2 * n, device=ctx.device, dtype=ctx.dtype)
         extra = ()
         if moe:
-            per, rest = divmod(m, args.experts)
-            counts = [per + (i < rest) for i in range(args.experts)]
             extra = (torch.rand(m, device=ctx.device),
-                     torch.tensor(counts, device=ctx.device, dtype=torch.int64))
+                     torch.tensor(expert_counts(tokens), device=ctx.device, dtype=torch.int64))
         if args.which == "bwd":
             return (torch.randn(m, n, device=ctx.device, dtype=ctx.dtype), x, *extra[:1])
         return (x, *extra)
@@ -129,6 +142,9 @@ def main():
         "torch.compile": lambda: torch.compile(reference),
         "fk": fk_op,
     }
+    if moe and args.counts == "routed":
+        if args.which == "fwd" and layout != "rowwise":
+            providers = {"fk": fk_op}  # per-segment column-wise blocks: no torch reference
     what = (f"{args.which} layout {layout}" if args.which == "fwd" else
             f"{args.which} grad_layout {grad_layout}")
     shape = (f"(tokens x {args.topk}, 2 x {n}), {args.experts} experts" if moe
