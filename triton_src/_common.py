@@ -133,8 +133,6 @@ def sigmoid_f32(x):
 
 FP8_MAX = tl.constexpr(448.0)
 FP8_MIN_SCALE = tl.constexpr(1.1754943508222875e-38)  # 2^-126, the smallest normal float32
-
-
 FP8_INV_MAX = tl.constexpr(0.0022321429569274187)  # 1 / 448 rounded to float32
 
 
@@ -161,9 +159,16 @@ def rcp_rn(s):
     (benchmarks/NOTES.md v28). Under the interpreter, div_rn itself."""
     if INTERPRETED:
         return tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
-    y = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [s], dtype=tl.float32,
-                                  is_pure=True, pack=1)
+    y = rcp_approx(s)
     return tl.fma(tl.fma(-s, y, 1.0), y, y)
+
+
+@triton.jit
+def rcp_approx(x):
+    """1 / x by rcp.approx.ftz.f32 (within an ulp or so; subnormals flush to 0): one MUFU op.
+    Compiled kernels only (inline PTX)."""
+    return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x],
+                                     dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -215,12 +220,11 @@ def sigmoid_approx(x):
     huge denominators, take about 12. NaN gives NaN, +inf 1, -inf 0. Under the interpreter,
     the formula itself."""
     if INTERPRETED:
-        return 1.0 / (1.0 + tl.exp(-x))
+        return sigmoid_f32(x)
     e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f",
                                   [x * -1.4426950408889634], dtype=tl.float32, is_pure=True,
                                   pack=1)
-    return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [1.0 + e],
-                                     dtype=tl.float32, is_pure=True, pack=1)
+    return rcp_approx(1.0 + e)
 
 
 @triton.jit
