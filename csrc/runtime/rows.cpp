@@ -43,4 +43,8 @@ PersistentGrid persistent_grid(int64_t m, const Device& device, int64_t per_sm) 
   return {rows_per_program, checks::ceil_div(m, rows_per_program)};
 }
 
+int64_t programs_per_sm(int64_t num_warps, int64_t warps) {
+  return std::max<int64_t>(1, warps / std::max<int64_t>(1, num_warps));
+}
+
 }  // namespace fk::runtime

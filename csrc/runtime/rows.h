@@ -34,4 +34,8 @@ struct PersistentGrid {
 };
 PersistentGrid persistent_grid(int64_t m, const Device& device, int64_t per_sm);
 
+// Programs of num_warps warps each that make `warps` warps a multiprocessor (at least one):
+// the per_sm of the persistent grids that keep 16 warps resident.
+int64_t programs_per_sm(int64_t num_warps, int64_t warps = 16);
+
 }  // namespace fk::runtime

@@ -88,8 +88,7 @@ std::tuple<Tensor, Tensor> fused_add_rms_norm_backward_cuda(
   // 16 warps of work per multiprocessor: 2 programs of 8 warps (as rms_norm, fastest on
   // H200), 1 of 16, 4 of 4. The variants are built to keep them all resident (at most 128
   // registers per thread, triton_src/fused_add_rms_norm.py).
-  const auto grid = persistent_grid(rows.m, residual_out.device(),
-                                    std::max(1, 16 / std::max(1, k.num_warps)));
+  const auto grid = persistent_grid(rows.m, residual_out.device(), programs_per_sm(k.num_warps));
   auto dw_partial =
       want_dw ? aten::empty({grid.programs, rows.n}, kFloat, residual_out.device()) : Tensor();
   KernelArgs args;

@@ -86,8 +86,9 @@ std::tuple<Tensor, Tensor, Tensor> gated_group_rms_norm_backward_cuda(
   // A persistent grid of 16 warps per multiprocessor (8 programs of the 2-warp tiles: the
   // fastest in benchmarks/tune_gated_group_rms_norm.py), each over a stride of tiles; the
   // partial weight gradients exist whenever there is a weight (even if frozen).
-  const int64_t per_sm = std::max<int64_t>(1, 16 / l.kern->num_warps);
-  const int64_t programs = runtime::persistent_grid(l.tiles, x.device(), per_sm).programs;
+  const int64_t programs =
+      runtime::persistent_grid(l.tiles, x.device(), runtime::programs_per_sm(l.kern->num_warps))
+          .programs;
   auto part = has_w ? aten::empty({programs, weight->numel()}, kFloat, x.device()) : Tensor();
   KernelArgs args;
   args.ptr(dy).ptr(xc).ptr(gc).ptr(w).ptr(dx).ptr(dg).ptr(has_w ? part : dx).i32(l.m).i32(p.n)

@@ -117,8 +117,9 @@ std::tuple<Tensor, Tensor, Tensor> qkv_split_norm_rope_backward_cuda(
                          cos, sin, {&gq, &gk, &gv, &dqkv});
   // Persistent grid: 16 warps of programs per multiprocessor (eight programs of 2 warps,
   // 16 of one), each over a stride of tiles (benchmarks/NOTES.md v22, v27).
-  const int64_t per_sm = std::max(1, 16 / l.kern->num_warps);
-  const int64_t programs = runtime::persistent_grid(l.tiles, qkv.device(), per_sm).programs;
+  const int64_t programs =
+      runtime::persistent_grid(l.tiles, qkv.device(), runtime::programs_per_sm(l.kern->num_warps))
+          .programs;
   // Partial weight gradients, q's then k's in one row a program, written whenever the
   // weight exists (even if frozen), summed by one launch.
   auto part = has_qw || has_kw ? aten::empty({programs, 2 * p.d}, kFloat, x.device())
