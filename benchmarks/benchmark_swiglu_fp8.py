@@ -25,6 +25,8 @@ form. The ops are timed as functions
 (forward mode of the harness). Bytes moved: every input read once, every output written once
 (float8 data 1 byte, float32 scales per 128 elements).
 """
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -80,7 +82,8 @@ def main():
     layout = args.layout
     e = ctx.elem
 
-    def expert_counts(tokens):
+    @functools.lru_cache
+    def expert_counts(tokens):  # a list of each expert's rows (the routed draw made once)
         if args.counts == "even":
             per, rest = divmod(tokens * args.topk, args.experts)
             return [per + (i < rest) for i in range(args.experts)]
@@ -142,9 +145,8 @@ def main():
         "torch.compile": lambda: torch.compile(reference),
         "fk": fk_op,
     }
-    if moe and args.counts == "routed":
-        if args.which == "fwd" and layout != "rowwise":
-            providers = {"fk": fk_op}  # per-segment column-wise blocks: no torch reference
+    if moe and args.counts == "routed" and args.which == "fwd" and layout != "rowwise":
+        providers = {"fk": fk_op}  # per-segment column-wise blocks: no torch reference
     what = (f"{args.which} layout {layout}" if args.which == "fwd" else
             f"{args.which} grad_layout {grad_layout}")
     shape = (f"(tokens x {args.topk}, 2 x {n}), {args.experts} experts" if moe
