@@ -21,6 +21,7 @@ using runtime::KernelArgs;
 using runtime::as_rows;
 using runtime::flags_for;
 using runtime::persistent_grid;
+using runtime::programs_per_sm;
 using rms_cuda::reduce_dw;
 
 std::tuple<Tensor, Tensor, Tensor> fused_add_rms_norm_forward_cuda(
