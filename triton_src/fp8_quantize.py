@@ -121,15 +121,16 @@ def _plain(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_row, want_col
         # a NaN in the block makes its scale NaN
         s = _scale(fp8_amax(fp8_amax(tl.abs(x), 1), 0), pow2)
         q = _quantize(x, s, q_ptr.dtype.element_ty)
-        tl.store(q_ptr + q_offs, q.to(q_ptr.dtype.element_ty), mask=mask & (want_row != 0))
-        # float8 values transposed (the float32 ones, transposed, came out NaN in 3 of 8
-        # elements for float32 weights under Triton 3.6)
-        tl.store(qt_ptr + qt_offs, tl.trans(q.to(qt_ptr.dtype.element_ty)),
-                 mask=mask_t & (want_col != 0))
-        nkb = tl.cdiv(K, TILE_K)
-        nmb = tl.cdiv(M, TILE_M)
-        tl.store(s_ptr + rb * nkb + cb, s, mask=want_row != 0)
-        tl.store(st_ptr + cb * nmb + rb, s, mask=want_col != 0)
+        # Each copy under a branch, not only a store mask: the transposition (a round trip
+        # through shared memory) is skipped when only the row-wise copy is asked for.
+        if want_row != 0:
+            tl.store(q_ptr + q_offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+            tl.store(s_ptr + rb * tl.cdiv(K, TILE_K) + cb, s)
+        if want_col != 0:
+            # float8 values transposed (the float32 ones, transposed, came out NaN in 3 of 8
+            # elements for float32 weights under Triton 3.6)
+            tl.store(qt_ptr + qt_offs, tl.trans(q.to(qt_ptr.dtype.element_ty)), mask=mask_t)
+            tl.store(st_ptr + cb * tl.cdiv(M, TILE_M) + rb, s)
     else:
         fp8_store_1x128(x, rb, cb, rows, cols, M, K, q_ptr, s_ptr, qt_ptr, st_ptr, want_row,
                         want_col, pow2)

@@ -66,7 +66,8 @@ def special_input(dtype):
 # --- level 1: the Triton source under the interpreter ----------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("form", ["both", "rows", "cols", "weight"])
+@pytest.mark.parametrize("form", ["both", "rows", "cols", "weight", "weight_rows",
+                                  "weight_cols"])
 @pytest.mark.parametrize("pow2", [False, True])
 @pytest.mark.parametrize("shape", [(130, 200), (128, 128), "special"])
 def test_interpreter(dtype, form, pow2, shape):
@@ -77,18 +78,19 @@ def test_interpreter(dtype, form, pow2, shape):
     mod = load_triton_src("fp8_quantize")
     x = special_input(dtype) if shape == "special" else randn(*shape, dtype=dtype, scale=3.0)
     m, k = x.shape
-    flag = {"both": 0, "rows": mod.FLAG_ROWS, "cols": mod.FLAG_COLS,
-            "weight": mod.FLAG_WEIGHT}[form]
+    weight = form.startswith("weight")
+    flag = mod.FLAG_WEIGHT if weight else {"both": 0, "rows": mod.FLAG_ROWS,
+                                           "cols": mod.FLAG_COLS}[form]
     _, tile_m, tile_k, _ = next(f for f in mod.FORMS if f[0] == flag)
-    block = (128, 128) if form == "weight" else (1, 128)
-    want_row, want_col = form != "cols", form != "rows"
+    block = (128, 128) if weight else (1, 128)
+    want_row, want_col = not form.endswith("cols"), not form.endswith("rows")
     rq, rs, rqt, rst = ref_quantize(x, block, pow2)
     q = torch.full((m, k), math.nan)
     qt = torch.full((k, m), math.nan)
     s = torch.full(rs.shape, -1.0)
     st = torch.full(rst.shape, -1.0)
     mod.fp8_quantize_kernel[(cdiv(m, tile_m), cdiv(k, tile_k))](
-        x, q, s, qt, st, m, k, int(form == "weight"), int(want_row), int(want_col), int(pow2),
+        x, q, s, qt, st, m, k, int(weight), int(want_row), int(want_col), int(pow2),
         TILE_M=tile_m, TILE_K=tile_k)
     if want_row:
         same(q, rq)
