@@ -144,20 +144,28 @@ def swiglu_fp8_fwd_kernel(x_ptr, p_ptr, tpe_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, h
                      want_col, want_h, pow2, 1, TILE_M, TILE_N)
     else:
         row0, end = _tile_rows(tpe_ptr, rb, M, E, TILE_M, E_BLOCK)
-        if PACKED == 2:
-            # The MoE form, M % 4 == 0: read as slabs; the column-wise copy in words for a
-            # block whose first row and end are multiples of 4 (every block of segments
-            # padded to multiples of 4), as bytes for any other.
-            end = tl.minimum(end, row0 + TILE_M)
-            _packed_tile(x_ptr, p_ptr, h_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, row0 >> 2, row0 & 3,
-                         end, rb, cb, M, n, has_p, want_row, want_col, want_h, pow2,
-                         ((row0 & 3) == 0) & ((end & 3) == 0), TILE_M, TILE_N)
-        else:
-            rows = row0 + tl.arange(0, TILE_M)
+        if row0 < end:
+            if PACKED == 2:
+                # The MoE form, M % 4 == 0: read as slabs; the column-wise copy in words for a
+                # block whose first row and end are multiples of 4 (every block of segments
+                # padded to multiples of 4), as bytes for any other.
+                end = tl.minimum(end, row0 + TILE_M)
+                _packed_tile(x_ptr, p_ptr, h_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, row0 >> 2,
+                             row0 & 3, end, rb, cb, M, n, has_p, want_row, want_col, want_h,
+                             pow2, ((row0 & 3) == 0) & ((end & 3) == 0), TILE_M, TILE_N)
+            else:
+                rows = row0 + tl.arange(0, TILE_M)
+                cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)
+                h = _h_rows(x_ptr, p_ptr, h_ptr, rows, cols, end, n, has_p, want_h)
+                _store_fp8(h, rows, cols, rows < end, cols < n, q_ptr, s_ptr, qt_ptr, st_ptr,
+                           M, n, cb, rb, want_row, want_col, pow2)
+        elif want_col != 0:
+            # A block past the last segment's (the grid has one a segment to spare): only its
+            # column-wise scales, 1 as for all-zero blocks; the tile itself is skipped, where
+            # it used to run every instruction under masks (a third of the programs when the
+            # segments fill their blocks).
             cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)
-            h = _h_rows(x_ptr, p_ptr, h_ptr, rows, cols, end, n, has_p, want_h)
-            _store_fp8(h, rows, cols, rows < end, cols < n, q_ptr, s_ptr, qt_ptr, st_ptr, M,
-                       n, cb, rb, want_row, want_col, pow2)
+            tl.store(st_ptr + rb * n + cols, tl.full([TILE_N], 1.0, tl.float32), mask=cols < n)
 
 
 @triton.jit
