@@ -149,10 +149,18 @@ def swiglu_fp8_fwd_kernel(x_ptr, p_ptr, tpe_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, h
                 # The MoE form, M % 4 == 0: read as slabs; the column-wise copy in words for a
                 # block whose first row and end are multiples of 4 (every block of segments
                 # padded to multiples of 4), as bytes for any other.
+                # A segment's last block of at most half a tile (about half of them) is read
+                # as half-height slabs: the same bytes for half the instructions.
                 end = tl.minimum(end, row0 + TILE_M)
-                _packed_tile(x_ptr, p_ptr, h_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, row0 >> 2,
-                             row0 & 3, end, rb, cb, M, n, has_p, want_row, want_col, want_h,
-                             pow2, ((row0 & 3) == 0) & ((end & 3) == 0), TILE_M, TILE_N)
+                words = ((row0 & 3) == 0) & ((end & 3) == 0)
+                if end - row0 <= TILE_M // 2:
+                    _packed_tile(x_ptr, p_ptr, h_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, row0 >> 2,
+                                 row0 & 3, end, rb, cb, M, n, has_p, want_row, want_col, want_h,
+                                 pow2, words, TILE_M // 2, TILE_N)
+                else:
+                    _packed_tile(x_ptr, p_ptr, h_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, row0 >> 2,
+                                 row0 & 3, end, rb, cb, M, n, has_p, want_row, want_col, want_h,
+                                 pow2, words, TILE_M, TILE_N)
             else:
                 rows = row0 + tl.arange(0, TILE_M)
                 cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)

@@ -263,14 +263,15 @@ def test_interpreter_packed_path(dtype, layout, shape, with_probs):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", ["both", "columnwise"])
 @pytest.mark.parametrize("counts", [[0, 132, 8, 0, 164, 0], [128, 1, 127, 44], [0, 3, 300, 5],
-                                    [260]])
+                                    [260], [192, 65, 64, 3]])
 def test_interpreter_moe_packed_path(dtype, layout, counts):
     """The MoE forward's PACKED = 2 path (every block read as four slabs of interleaved rows;
     the column-wise copy in words where a block's first row and end are multiples of 4, as
     bytes slab by slab elsewhere) writes the same bytes, scales and h as the transposed-tile
     path, which test_interpreter_moe_forward checks against the reference: float8 outputs on
     both sides, compared as bits. Counts that are multiples of 4 (words in every block),
-    ones that are not (blocks starting at rows 1, 128 + 1, ...), empty segments."""
+    ones that are not (blocks starting at rows 1, 128 + 1, ...), empty segments; segments'
+    last blocks of at most 64 rows (read as half-height slabs) and of more."""
     mod = load_triton_src("swiglu_fp8")
     x, probs, tpe = moe_inputs(counts, 140, dtype)
     x[0, :128] = 0
