@@ -315,6 +315,23 @@ def ref_quantize_tiles(x, pow2):
     return q.reshape(nm * 128, nk * 128)[:m, :k], s
 
 
+def ref_quantize_segments(x, counts, pow2):
+    """The column-wise copy of x (M, K) quantized per segment of ``counts`` consecutive rows
+    (the MoE ops' layout, python/fk/ops/fp8_quantize.py): (qt (K, M) before the cast, zero
+    in the columns of rows after the last segment; st ((M + 127 E) // 128, K), segment e's
+    blocks in its rows blk_e .., 1.0 in the rows past the last block)."""
+    m, k = x.shape
+    qt = torch.zeros(k, m)
+    st = torch.ones((m + 127 * len(counts)) // 128, k)
+    off = blk = 0
+    for c in counts:
+        if c:
+            qt[:, off:off + c], st[blk:blk + cdiv(c, 128)] = ref_quantize_rows(x[off:off + c].t(),
+                                                                               pow2)
+        off, blk = off + c, blk + cdiv(c, 128)
+    return qt, st
+
+
 def ref_quantize(x, block, pow2):
     """(q, s, qt, st) before the float8 cast, every layout."""
     if block == (1, 128):
@@ -355,6 +372,60 @@ def packed_same(launch, m, k, want_row):
         assert torch.equal(a, b)
     assert (got[1][1] == torch.tensor(-1.0).view(torch.int32)).all() != bool(want_row)
     return extra
+
+
+
+# --- MoE routing (fk.moe_permute, fk.moe_permute_fp8): the row map of
+# python/fk/ops/moe_permute.py, through argsort and index_select ------------------------------
+
+def routing(t, e, k, device="cpu", empty=(), seed=0, dtype=torch.bool):
+    """A top-k routing map (T, E) with the experts in `empty` given no token, and probs."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(t, e, generator=g)
+    if empty:
+        logits[:, list(empty)] = -float("inf")
+    k = min(k, e - len(empty))
+    idx = logits.topk(k, dim=1).indices if k > 0 else torch.empty(t, 0, dtype=torch.long)
+    m = torch.zeros(t, e, dtype=torch.bool)
+    m.scatter_(1, idx, True)
+    probs = torch.softmax(torch.randn(t, e, generator=g), dim=1)
+    return m.to(device=device, dtype=dtype), probs.to(device)
+
+
+def ref_row_map(routing_map, pad_to):
+    """(row_map (T, E) int64, -1 where not routed; padded counts (E,); routed pairs
+    (tokens, experts, rows) in expert-major order), from a stable argsort of the routed
+    pairs by expert."""
+    mask = routing_map.cpu() != 0
+    t, e = mask.shape
+    counts = mask.sum(0)
+    padded = (counts + pad_to - 1) // pad_to * pad_to
+    starts = torch.cumsum(padded, 0) - padded
+    firsts = torch.cumsum(counts, 0) - counts
+    key = torch.arange(e).repeat(t, 1)  # key[t, e] = e
+    key = torch.where(mask, key, e).t().reshape(-1)  # expert-major, tokens increasing
+    order = torch.argsort(key, stable=True)[: int(counts.sum())]
+    ex, tok = order // t, order % t
+    rows = starts[ex] + torch.arange(len(order)) - firsts[ex]
+    row_map = torch.full((t, e), -1, dtype=torch.int64)
+    row_map[tok, ex] = rows
+    return row_map, padded, tok, ex, rows
+
+
+def ref_permute(tokens, routing_map, probs=None, pad_to=16, num_out_rows=None):
+    """(permuted, permuted_probs, row_map, tokens_per_expert) through index_select; in the
+    inputs' dtype, differentiable (float64 inputs give float64 gradients)."""
+    row_map, padded, tok, ex, rows = ref_row_map(routing_map, pad_to)
+    n = int(padded.sum()) if num_out_rows is None else num_out_rows
+    dev = tokens.device
+    rows_d = rows.to(dev)
+    permuted = tokens.new_zeros((n, tokens.shape[1])).index_put(
+        (rows_d,), tokens.index_select(0, tok.to(dev)))
+    pp = None
+    if probs is not None:
+        flat = (tok * routing_map.shape[1] + ex).to(dev)
+        pp = probs.new_zeros((n,)).index_put((rows_d,), probs.reshape(-1).index_select(0, flat))
+    return permuted, pp, row_map, padded
 
 
 

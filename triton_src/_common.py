@@ -338,6 +338,92 @@ def fp8_store_packed(x0, x1, x2, x3, grp, off, cols, M, K, rb, cb, q_ptr, s_ptr,
         tl.store(st_ptr + rb * K + cols, s_c, mask=cols < K)
 
 
+@triton.jit
+def fp8_store_tile(v, rows, cols, rmask, cmask, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, sb_row,
+                   sb_col, want_row, want_col, pow2):
+    """Quantizes the fp32 tile v of an (M, K) matrix at (rows, cols) (rmask, cmask: the rows
+    and columns to store; elements outside must read as 0): its rows are 1 x 128 blocks of
+    the row-wise copy (data q (M, K), scales in row sb_row of s (.., M)) when ``want_row``,
+    its columns blocks of the column-wise copy (data qt (K, M), scales in row sb_col of
+    st (.., K)) when ``want_col``."""
+    a = tl.abs(v)  # a NaN in a block makes its scale NaN (fp8_amax)
+    if want_row != 0:
+        s_r = fp8_scale(fp8_amax(a, 1), pow2)
+        q = fp8_quantize_values(v, s_r[:, None], q_ptr.dtype.element_ty)
+        tl.store(q_ptr + rows[:, None] * K + cols[None, :], q.to(q_ptr.dtype.element_ty),
+                 mask=rmask[:, None] & cmask[None, :])
+        tl.store(s_ptr + sb_row * M + rows, s_r, mask=rmask)
+    if want_col != 0:
+        s_c = fp8_scale(fp8_amax(a, 0), pow2)
+        qt = fp8_quantize_values(v, s_c[None, :], qt_ptr.dtype.element_ty)
+        tl.store(qt_ptr + cols[:, None] * M + rows[None, :],
+                 tl.trans(qt).to(qt_ptr.dtype.element_ty), mask=cmask[:, None] & rmask[None, :])
+        tl.store(st_ptr + sb_col * K + cols, s_c, mask=cmask)
+
+
+# --- expert segments: the per-segment column-wise copy of the MoE FP8 ops ------------------
+
+@triton.jit
+def segment_block_rows(tpe_ptr, rb, M, E, E_BLOCK: tl.constexpr):
+    """(first row, end row, expert) of the rb-th 128-row block counted segment by segment:
+    the segments are the E (<= E_BLOCK) counts at tpe_ptr in order (negative ones read as
+    0), segment e's blocks are blocks blk_e .. blk_e + cdiv(M_e, 128) - 1 with
+    blk_e = sum_{f<e} cdiv(M_f, 128); rows end at the segment's end (and at M). A block
+    past the last one gets an expert >= E, its first row 128 (rb - blocks) after the
+    segments' end, and end = that end (no rows)."""
+    ei = tl.arange(0, E_BLOCK)
+    counts = tl.maximum(tl.load(tpe_ptr + ei, mask=ei < E, other=0), 0).to(tl.int64)
+    nblk = (counts + 127) // 128
+    e = tl.sum((tl.cumsum(nblk, 0) <= rb).to(tl.int32), 0)  # the segment holding block rb
+    before = ei < e
+    start = tl.sum(tl.where(before, counts, 0), 0)
+    blk0 = tl.sum(tl.where(before, nblk, 0), 0)
+    count = tl.sum(tl.where(ei == e, counts, 0), 0)
+    return start + (rb - blk0) * 128, tl.minimum(start + count, M), e
+
+
+# --- tokens routed to experts: one token's row of a (T, E) row map of moe_permute ----------
+# (entries that are negative or not below N read as not routed)
+
+@triton.jit
+def moe_routed_count(map_row, E, N, BE: tl.constexpr):
+    """How many experts the token whose row_map row starts at ``map_row`` is routed to."""
+    n = 0
+    for e0 in range(0, E, BE):
+        e = e0 + tl.arange(0, BE)
+        r = tl.load(map_row + e, mask=e < E, other=-1)
+        n += tl.sum(((r >= 0) & (r < N)).to(tl.int32), axis=0)
+    return n
+
+
+@triton.jit
+def moe_routed(map_row, w_row, E, N, jb, has_w, KB: tl.constexpr, BE: tl.constexpr):
+    """The token's routed entries number jb .. jb + KB - 1 in expert order: their rows
+    (int64), weights (fp32, read at w_row; 1 without has_w) and experts (int64), and which
+    of the KB exist. The j-th routed entry is picked out of each BE-wide chunk of the row by
+    a masked sum, so that any E and any number of experts per token work."""
+    j = jb + tl.arange(0, KB)
+    rows = tl.zeros((KB,), dtype=tl.int64)
+    w = tl.zeros((KB,), dtype=tl.float32)
+    ex = tl.zeros((KB,), dtype=tl.int64)
+    seen = 0
+    for e0 in range(0, E, BE):
+        e = e0 + tl.arange(0, BE)
+        emask = e < E
+        r = tl.load(map_row + e, mask=emask, other=-1).to(tl.int64)
+        m = (r >= 0) & (r < N)
+        pos = seen + tl.cumsum(m.to(tl.int32), axis=0) - 1
+        sel = m[None, :] & (pos[None, :] == j[:, None])
+        rows += tl.sum(tl.where(sel, r[None, :], 0), axis=1)
+        ex += tl.sum(tl.where(sel, e[None, :].to(tl.int64), 0), axis=1)
+        wv = tl.load(w_row + e, mask=emask & m & (has_w != 0), other=0.0).to(tl.float32)
+        w += tl.sum(tl.where(sel, wv[None, :], 0.0), axis=1)
+        seen += tl.sum(m.to(tl.int32), axis=0)
+    if has_w == 0:
+        w = tl.full((KB,), 1.0, dtype=tl.float32)
+    return rows, w, ex, j < seen
+
+
 # --- RMSNorm pieces, shared by rms_norm and fused_add_rms_norm -----------------------------
 # ``casting`` is the run-time casting mode of triton_src/rms_norm.py: 0 none, 1 llama,
 # 2 gemma.

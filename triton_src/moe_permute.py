@@ -39,7 +39,7 @@ Entries that are negative or not below N read as not routed.
 import triton
 import triton.language as tl
 
-from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args
+from _common import DTYPES, FLAG_ALIGNED, Variant, aligned_args, moe_routed, moe_routed_count
 
 # probs-typed pointers (w, pin, pout, dw, gpp, dp) are float32 while the tokens are 16-bit
 FLAG_PROBS_F32 = 2
@@ -121,43 +121,6 @@ def moe_permute_invert_kernel(row_map_ptr, src_ptr, T, E, N, BT: tl.constexpr,
 
 
 @triton.jit
-def _routed_count(map_row, E, N, BE: tl.constexpr):
-    """How many experts the token whose row_map row starts at ``map_row`` is routed to."""
-    n = 0
-    for e0 in range(0, E, BE):
-        e = e0 + tl.arange(0, BE)
-        r = tl.load(map_row + e, mask=e < E, other=-1)
-        n += tl.sum(((r >= 0) & (r < N)).to(tl.int32), axis=0)
-    return n
-
-
-@triton.jit
-def _routed(map_row, w_row, E, N, jb, has_w, KB: tl.constexpr, BE: tl.constexpr):
-    """The token's routed entries number jb .. jb + KB - 1 in expert order: their rows
-    (int64), weights (fp32; 1 without has_w) and experts (int64), and which of the KB exist."""
-    j = jb + tl.arange(0, KB)
-    rows = tl.zeros((KB,), dtype=tl.int64)
-    w = tl.zeros((KB,), dtype=tl.float32)
-    ex = tl.zeros((KB,), dtype=tl.int64)
-    seen = 0
-    for e0 in range(0, E, BE):
-        e = e0 + tl.arange(0, BE)
-        emask = e < E
-        r = tl.load(map_row + e, mask=emask, other=-1).to(tl.int64)
-        m = (r >= 0) & (r < N)
-        pos = seen + tl.cumsum(m.to(tl.int32), axis=0) - 1
-        sel = m[None, :] & (pos[None, :] == j[:, None])
-        rows += tl.sum(tl.where(sel, r[None, :], 0), axis=1)
-        ex += tl.sum(tl.where(sel, e[None, :].to(tl.int64), 0), axis=1)
-        wv = tl.load(w_row + e, mask=emask & m & (has_w != 0), other=0.0).to(tl.float32)
-        w += tl.sum(tl.where(sel, wv[None, :], 0.0), axis=1)
-        seen += tl.sum(m.to(tl.int32), axis=0)
-    if has_w == 0:
-        w = tl.full((KB,), 1.0, dtype=tl.float32)
-    return rows, w, ex, j < seen
-
-
-@triton.jit
 def moe_permute_scatter_kernel(x_ptr, row_map_ptr, w_ptr, out_ptr, pin_ptr, pout_ptr,
                                other_ptr, dw_ptr, src_ptr, T, H, E, N, has_w, want_pp,
                                want_dot, KB: tl.constexpr, BE: tl.constexpr,
@@ -166,9 +129,9 @@ def moe_permute_scatter_kernel(x_ptr, row_map_ptr, w_ptr, out_ptr, pin_ptr, pout
     if pid < T:
         t = pid.to(tl.int64)
         map_row = row_map_ptr + t * E
-        cnt = _routed_count(map_row, E, N, BE)
+        cnt = moe_routed_count(map_row, E, N, BE)
         for jb in range(0, cnt, KB):
-            rows, w, ex, valid = _routed(map_row, w_ptr + t * E, E, N, jb, has_w, KB, BE)
+            rows, w, ex, valid = moe_routed(map_row, w_ptr + t * E, E, N, jb, has_w, KB, BE)
             if want_pp != 0:
                 pv = tl.load(pin_ptr + t * E + ex, mask=valid, other=0.0)
                 tl.store(pout_ptr + rows, pv, mask=valid)
@@ -215,10 +178,10 @@ def moe_unpermute_gather_kernel(y_ptr, row_map_ptr, w_ptr, out_ptr, gpp_ptr, dp_
     t = tl.program_id(0).to(tl.int64)
     map_row = row_map_ptr + t * E
     w_row = w_ptr + t * E
-    rows, w, ex, valid = _routed(map_row, w_row, E, N, 0, has_w, KB, BE)
+    rows, w, ex, valid = moe_routed(map_row, w_row, E, N, 0, has_w, KB, BE)
     cnt = tl.sum(valid.to(tl.int32), axis=0)
     if cnt == KB:  # maybe more than KB: count them all
-        cnt = _routed_count(map_row, E, N, BE)
+        cnt = moe_routed_count(map_row, E, N, BE)
     for h0 in range(0, H, BLOCK_H):
         cols = h0 + tl.arange(0, BLOCK_H)
         cm = cols < H
@@ -226,7 +189,7 @@ def moe_unpermute_gather_kernel(y_ptr, row_map_ptr, w_ptr, out_ptr, gpp_ptr, dp_
                     mask=valid[:, None] & cm[None, :], other=0.0).to(tl.float32)
         acc = tl.sum(v * w[:, None], axis=0)
         for jb in range(KB, cnt, KB):
-            rows2, w2, ex2, valid2 = _routed(map_row, w_row, E, N, jb, has_w, KB, BE)
+            rows2, w2, ex2, valid2 = moe_routed(map_row, w_row, E, N, jb, has_w, KB, BE)
             v2 = tl.load(y_ptr + rows2[:, None] * H + cols[None, :],
                          mask=valid2[:, None] & cm[None, :], other=0.0).to(tl.float32)
             acc += tl.sum(v2 * w2[:, None], axis=0)

@@ -41,47 +41,10 @@ newer only (as fp8_quantize: sm_80 has no FP8 conversions).
 import triton
 import triton.language as tl
 
-from _common import (DTYPES, FLAG_ALIGNED, Variant, aligned_args, fp8_amax, fp8_store_packed,
-                     sigmoid_approx)
-from _common import fp8_quantize_values as _quantize
-from _common import fp8_scale as _scale
+from _common import (DTYPES, FLAG_ALIGNED, Variant, aligned_args, fp8_store_packed,
+                     fp8_store_tile, segment_block_rows, sigmoid_approx)
 
 TILE = 128
-
-
-@triton.jit
-def _segment_rows(tpe_ptr, rb, M, E, E_BLOCK: tl.constexpr):
-    """(first row, end row) of the rb-th 128-row block counted segment by segment."""
-    ei = tl.arange(0, E_BLOCK)
-    counts = tl.maximum(tl.load(tpe_ptr + ei, mask=ei < E, other=0), 0)
-    nblk = (counts + 127) // 128
-    e = tl.sum((tl.cumsum(nblk, 0) <= rb).to(tl.int32), 0)  # the segment holding block rb
-    before = ei < e
-    start = tl.sum(tl.where(before, counts, 0), 0)
-    blk0 = tl.sum(tl.where(before, nblk, 0), 0)
-    count = tl.sum(tl.where(ei == e, counts, 0), 0)
-    return start + (rb - blk0) * 128, tl.minimum(start + count, M)
-
-
-@triton.jit
-def _store_fp8(v, rows, cols, rmask, cmask, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, sb_row, sb_col,
-               want_row, want_col, pow2):
-    """Quantizes the fp32 tile v of an (M, K) matrix at (rows, cols): its rows are 1 x 128
-    blocks of the row-wise copy (scales in row sb_row of s (.., M)), its columns blocks of
-    the column-wise copy (K, M) (scales in row sb_col of st (.., K))."""
-    a = tl.abs(v)  # a NaN in a block makes its scale NaN (fp8_amax)
-    if want_row != 0:
-        s_r = _scale(fp8_amax(a, 1), pow2)
-        q = _quantize(v, s_r[:, None], q_ptr.dtype.element_ty)
-        tl.store(q_ptr + rows[:, None] * K + cols[None, :], q.to(q_ptr.dtype.element_ty),
-                 mask=rmask[:, None] & cmask[None, :])
-        tl.store(s_ptr + sb_row * M + rows, s_r, mask=rmask)
-    if want_col != 0:
-        s_c = _scale(fp8_amax(a, 0), pow2)
-        qt = _quantize(v, s_c[None, :], qt_ptr.dtype.element_ty)
-        tl.store(qt_ptr + cols[:, None] * M + rows[None, :],
-                 tl.trans(qt).to(qt_ptr.dtype.element_ty), mask=cmask[:, None] & rmask[None, :])
-        tl.store(st_ptr + sb_col * K + cols, s_c, mask=cmask)
 
 
 @triton.jit
@@ -106,7 +69,7 @@ def _tile_rows(tpe_ptr, rb, M, E, TILE_M: tl.constexpr, E_BLOCK: tl.constexpr):
     """(first row, end row) of row tile rb: consecutive tiles of TILE_M rows with E == 0,
     the rb-th 128-row block counted segment by segment with E > 0."""
     if E > 0:
-        row0, end = _segment_rows(tpe_ptr, rb, M, E, E_BLOCK)
+        row0, end, _ = segment_block_rows(tpe_ptr, rb, M, E, E_BLOCK)
     else:
         row0 = rb.to(tl.int64) * TILE_M
         end = M.to(tl.int64)
@@ -165,8 +128,8 @@ def swiglu_fp8_fwd_kernel(x_ptr, p_ptr, tpe_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, h
                 rows = row0 + tl.arange(0, TILE_M)
                 cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)
                 h = _h_rows(x_ptr, p_ptr, h_ptr, rows, cols, end, n, has_p, want_h)
-                _store_fp8(h, rows, cols, rows < end, cols < n, q_ptr, s_ptr, qt_ptr, st_ptr,
-                           M, n, cb, rb, want_row, want_col, pow2)
+                fp8_store_tile(h, rows, cols, rows < end, cols < n, q_ptr, s_ptr, qt_ptr,
+                               st_ptr, M, n, cb, rb, want_row, want_col, pow2)
         elif want_col != 0:
             # A block past the last segment's (the grid has one a segment to spare): only its
             # column-wise scales, 1 as for all-zero blocks; the tile itself is skipped, where
@@ -209,9 +172,9 @@ def swiglu_fp8_bwd_q_kernel(dh_ptr, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, n, w
     K = 2 * n
     nb = n // TILE_N  # column blocks of one half
     dg, du = _grad_rows(dh_ptr, x_ptr, rows, cols, M, n)
-    _store_fp8(dg, rows, cols, rows < M, cols < n, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, cb, rb,
+    fp8_store_tile(dg, rows, cols, rows < M, cols < n, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, cb, rb,
                want_row, want_col, pow2)
-    _store_fp8(du, rows, cols + n, rows < M, cols < n, q_ptr, s_ptr, qt_ptr, st_ptr, M, K,
+    fp8_store_tile(du, rows, cols + n, rows < M, cols < n, q_ptr, s_ptr, qt_ptr, st_ptr, M, K,
                nb + cb, rb, want_row, want_col, pow2)
 
 
@@ -238,9 +201,9 @@ def swiglu_fp8_dx_kernel(dh_ptr, x_ptr, p_ptr, dx_ptr, dp_ptr, q_ptr, s_ptr, M, 
             tl.store(dx_ptr + x_offs + n, du.to(dtype), mask=mask)
         if want_q != 0:  # BLOCK_N == 128 and n % 128 == 0: each chunk is one block of a row
             blk = start // BLOCK_N
-            _store_fp8(dg.to(dtype).to(tl.float32), rows, cols, rmask, cmask, q_ptr, s_ptr,
+            fp8_store_tile(dg.to(dtype).to(tl.float32), rows, cols, rmask, cmask, q_ptr, s_ptr,
                        q_ptr, s_ptr, M, 2 * n, blk, 0, 1, 0, pow2)
-            _store_fp8(du.to(dtype).to(tl.float32), rows, cols + n, rmask, cmask, q_ptr, s_ptr,
+            fp8_store_tile(du.to(dtype).to(tl.float32), rows, cols + n, rmask, cmask, q_ptr, s_ptr,
                        q_ptr, s_ptr, M, 2 * n, n // BLOCK_N + blk, 0, 1, 0, pow2)
         if has_p != 0:
             acc += dh * (g * sigmoid_approx(g)) * u

@@ -1,6 +1,7 @@
 """fk.moe_permute / fk.moe_unpermute at every test level: Triton source (interpreter), CPU
 backend, autograd, gradcheck, opcheck, torch.compile, bad input, and the CUDA kernels
-(marker ``cuda``), against a reference written here with argsort and index_select."""
+(marker ``cuda``), against references with argsort and index_select (moe_permute's in
+tests/helpers.py, moe_unpermute's here)."""
 import os
 import subprocess
 import sys
@@ -9,46 +10,11 @@ import pytest
 import torch
 
 import fk
-from helpers import DTYPES, assert_close, cdiv, error_lines, load_triton_src, poison_cuda_cache
+from helpers import (DTYPES, assert_close, cdiv, error_lines, load_triton_src, poison_cuda_cache,
+                     ref_permute, ref_row_map, routing)
 
 
-# --- the reference ------------------------------------------------------------------------
-
-def ref_row_map(routing_map, pad_to):
-    """(row_map (T, E) int64, -1 where not routed; padded counts (E,); routed pairs
-    (tokens, experts, rows) in expert-major order), from a stable argsort of the routed
-    pairs by expert."""
-    mask = routing_map.cpu() != 0
-    t, e = mask.shape
-    counts = mask.sum(0)
-    padded = (counts + pad_to - 1) // pad_to * pad_to
-    starts = torch.cumsum(padded, 0) - padded
-    firsts = torch.cumsum(counts, 0) - counts
-    key = torch.arange(e).repeat(t, 1)  # key[t, e] = e
-    key = torch.where(mask, key, e).t().reshape(-1)  # expert-major, tokens increasing
-    order = torch.argsort(key, stable=True)[: int(counts.sum())]
-    ex, tok = order // t, order % t
-    rows = starts[ex] + torch.arange(len(order)) - firsts[ex]
-    row_map = torch.full((t, e), -1, dtype=torch.int64)
-    row_map[tok, ex] = rows
-    return row_map, padded, tok, ex, rows
-
-
-def ref_permute(tokens, routing_map, probs=None, pad_to=16, num_out_rows=None):
-    """(permuted, permuted_probs, row_map, tokens_per_expert) through index_select; in the
-    inputs' dtype, differentiable (float64 inputs give float64 gradients)."""
-    row_map, padded, tok, ex, rows = ref_row_map(routing_map, pad_to)
-    n = int(padded.sum()) if num_out_rows is None else num_out_rows
-    dev = tokens.device
-    rows_d = rows.to(dev)
-    permuted = tokens.new_zeros((n, tokens.shape[1])).index_put(
-        (rows_d,), tokens.index_select(0, tok.to(dev)))
-    pp = None
-    if probs is not None:
-        flat = (tok * routing_map.shape[1] + ex).to(dev)
-        pp = probs.new_zeros((n,)).index_put((rows_d,), probs.reshape(-1).index_select(0, flat))
-    return permuted, pp, row_map, padded
-
+# --- the reference (of moe_permute: tests/helpers.py) ---------------------------------------
 
 def ref_unpermute(permuted, row_map, probs=None):
     """sum over routed (t, e) of probs[t, e] * permuted[row], in float64 (differentiable)."""
@@ -62,20 +28,6 @@ def ref_unpermute(permuted, row_map, probs=None):
     out = torch.zeros(row_map.shape[0], permuted.shape[1], dtype=torch.float64,
                       device=permuted.device)
     return out.index_add(0, tok.to(permuted.device), contrib)
-
-
-def routing(t, e, k, device="cpu", empty=(), seed=0, dtype=torch.bool):
-    """A top-k routing map (T, E) with the experts in `empty` given no token, and probs."""
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(t, e, generator=g)
-    if empty:
-        logits[:, list(empty)] = -float("inf")
-    k = min(k, e - len(empty))
-    idx = logits.topk(k, dim=1).indices if k > 0 else torch.empty(t, 0, dtype=torch.long)
-    m = torch.zeros(t, e, dtype=torch.bool)
-    m.scatter_(1, idx, True)
-    probs = torch.softmax(torch.randn(t, e, generator=g), dim=1)
-    return m.to(device=device, dtype=dtype), probs.to(device)
 
 
 def _randn(*shape, dtype=torch.float32, device="cpu", seed=1):

@@ -15,7 +15,8 @@ import torch
 import fk
 from helpers import (DTYPES, assert_close, assert_quantized_near, cdiv, error_lines,
                      load_triton_src, misaligned, packed_same, poison_cuda_cache, randn,
-                     ref_grads, ref_quantize_rows, ref_swiglu, round_toward_zero, same)
+                     ref_grads, ref_quantize_rows, ref_quantize_segments, ref_swiglu,
+                     round_toward_zero, same)
 
 FP8 = torch.float8_e4m3fn
 LAYOUTS = ["rowwise", "columnwise", "both"]
@@ -59,15 +60,7 @@ def ref_quantized(h, layout, pow2, counts=None):
         if counts is None:
             qt, st = ref_quantize_rows(h.t(), pow2)
         else:
-            m, n = h.shape
-            qt = torch.empty(n, m)
-            st = torch.ones((m + 127 * len(counts)) // 128, n)
-            off = blk = 0
-            for c in counts:
-                if c:
-                    qt[:, off:off + c], st[blk:blk + cdiv(c, 128)] = \
-                        ref_quantize_rows(h[off:off + c].t(), pow2)
-                off, blk = off + c, blk + cdiv(c, 128)
+            qt, st = ref_quantize_segments(h, counts, pow2)
     return q, s, qt, st
 
 

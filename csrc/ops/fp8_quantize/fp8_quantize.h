@@ -4,6 +4,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "runtime/tensor.h"
 
@@ -38,5 +39,19 @@ void check_fp8_gpu(const char* op, const Tensor& x);
 // The CPU reference of 1 x 128 blocks along the rows of a 2-D float32 x (r, c) (ATen
 // operators, any device): (data (r, c) float8_e4m3fn, scales (ceil(c / 128), r)).
 std::pair<Tensor, Tensor> fp8_quantize_rows(const Tensor& x, bool pow2);
+
+// Rows of the column-wise scales of a matrix of M rows quantized per segment (the MoE ops):
+// the most blocks E segments of M rows in all can have, sum_e ceil(M_e / 128) <=
+// (M + 127 E) / 128.
+inline int64_t moe_scale_rows(int64_t m, int64_t experts) {
+  return (m + (kFp8Block - 1) * experts) / kFp8Block;
+}
+
+// The CPU reference of the column-wise copy per segment of a 2-D float32 x (M, K) whose
+// rows are segments of `counts` rows (summing to at most M): (data_t (K, M) float8_e4m3fn,
+// zero in the columns of rows after the segments; scales_t (moe_scale_rows(M, E), K), 1.0
+// in the rows past the last block).
+std::pair<Tensor, Tensor> fp8_quantize_segments(const Tensor& x,
+                                                const std::vector<int64_t>& counts, bool pow2);
 
 }  // namespace fk::ops

@@ -94,6 +94,27 @@ std::pair<Tensor, Tensor> fp8_quantize_rows(const Tensor& x, bool pow2) {
   return {aten::contiguous(aten::narrow(q, 1, 0, c)), aten::contiguous(aten::t(s))};
 }
 
+
+// Declared in fp8_quantize.h (the MoE ops' column-wise copy).
+std::pair<Tensor, Tensor> fp8_quantize_segments(const Tensor& x,
+                                                const std::vector<int64_t>& counts, bool pow2) {
+  const int64_t m = x.size(0), k = x.size(1);
+  auto xt = aten::contiguous(aten::t(x));  // (K, M)
+  auto qt = aten::zeros({k, m}, kFloat8e4m3, x.device());
+  auto st = aten::full({moe_scale_rows(m, static_cast<int64_t>(counts.size())), k}, 1.0,
+                       kFloat, x.device());
+  int64_t off = 0, blk = 0;
+  for (int64_t c : counts) {
+    if (c == 0) continue;
+    auto [q, s] = fp8_quantize_rows(aten::contiguous(aten::narrow(xt, 1, off, c)), pow2);
+    aten::copy_(aten::narrow(qt, 1, off, c), q);
+    aten::copy_(aten::narrow(st, 0, blk, ceil_div(c, kFp8Block)), s);
+    off += c;
+    blk += ceil_div(c, kFp8Block);
+  }
+  return {qt, st};
+}
+
 }  // namespace fk::ops
 
 STABLE_TORCH_LIBRARY_IMPL(fk, CPU, m) {

@@ -30,10 +30,9 @@ void check_probs(const char* op, const Tensor& probs, const char* like_name, con
 
 }  // namespace
 
-MoeSizes check_moe_permute(const Tensor& tokens, const Tensor& routing_map,
+MoeSizes check_moe_permute(const char* op, const Tensor& tokens, const Tensor& routing_map,
                            const std::optional<Tensor>& probs, int64_t pad_to,
                            std::optional<int64_t> num_out_rows) {
-  constexpr const char* op = "fk::moe_permute";
   FK_CHECK(tokens.dim() == 2, op, ": tokens must be 2-D (T, H), got shape ", shape_of(tokens));
   checks::check_float(op, "tokens", tokens);
   checks::check_same_device(op, "tokens", tokens, "routing_map", routing_map);
@@ -97,8 +96,8 @@ MoeSizes check_moe_unpermute_backward(const Tensor& grad_out, const Tensor& perm
   return s;
 }
 
-std::string moe_bound_message(int64_t needed, int64_t num_out_rows) {
-  return str("fk::moe_permute: the padded segments need ", needed, " rows but num_out_rows is ",
+std::string moe_bound_message(const char* op, int64_t needed, int64_t num_out_rows) {
+  return str(op, ": the padded segments need ", needed, " rows but num_out_rows is ",
              num_out_rows, " (a token routed to more than topk experts, or a bound too small)");
 }
 

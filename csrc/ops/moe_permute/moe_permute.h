@@ -4,6 +4,8 @@
 #pragma once
 
 #include <optional>
+#include <string>
+#include <tuple>
 
 #include "runtime/tensor.h"
 
@@ -15,8 +17,9 @@ struct MoeSizes {
 };
 
 // tokens (T, H) floating; routing_map (T, E) bool or integer; probs undefined or (T, E)
-// float32 or tokens' dtype; all on one device; pad_to >= 1; num_out_rows >= 0.
-MoeSizes check_moe_permute(const Tensor& tokens, const Tensor& routing_map,
+// float32 or tokens' dtype; all on one device; pad_to >= 1; num_out_rows >= 0. `op` names
+// the caller (fk::moe_permute or its FP8 form) in the messages.
+MoeSizes check_moe_permute(const char* op, const Tensor& tokens, const Tensor& routing_map,
                            const std::optional<Tensor>& probs, int64_t pad_to,
                            std::optional<int64_t> num_out_rows);
 
@@ -37,9 +40,27 @@ MoeSizes check_moe_unpermute_backward(const Tensor& grad_out, const Tensor& perm
                                       const std::optional<Tensor>& probs);
 
 // The rows a bound must allow for, as the message of a bound that is too small says.
-std::string moe_bound_message(int64_t needed, int64_t num_out_rows);
+std::string moe_bound_message(const char* op, int64_t needed, int64_t num_out_rows);
 
 // The routing map as a contiguous bool tensor (nonzero entries are routed).
 Tensor moe_routed_mask(const Tensor& routing_map);
+
+// The row map of moe_permute built on the device (CUDA; moe_permute_cuda.cpp), for the ops that
+// move tokens by it: row_map (T, E) int32, tokens_per_expert (E,) int32, src (n,) int32 (the
+// token of each row, -1 for padding rows and the rows past the last segment) and the row
+// count n: num_out_rows (a device-side assert fires when the segments need more), or the
+// padded segments' total (one host synchronisation). x is the contiguous tokens (T, H).
+struct MoeRows {
+  Tensor row_map, tokens_per_expert, src;
+  int64_t n;
+};
+MoeRows moe_rows_cuda(const char* op, const Tensor& x, const Tensor& routing_map,
+                      int64_t pad_to, std::optional<int64_t> num_out_rows);
+
+// The CPU reference of moe_permute (moe_permute_cpu.cpp), after check_moe_permute: (permuted,
+// permuted_probs, row_id_map, tokens_per_expert); `op` names the caller in the messages.
+std::tuple<Tensor, Tensor, Tensor, Tensor> moe_permute_reference(
+    const char* op, const Tensor& tokens, const Tensor& routing_map,
+    const std::optional<Tensor>& probs, int64_t pad_to, std::optional<int64_t> num_out_rows);
 
 }  // namespace fk::ops

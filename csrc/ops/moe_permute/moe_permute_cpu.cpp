@@ -52,44 +52,9 @@ Tensor index_copy(const Tensor& dst, const Tensor& index, const Tensor& src) {
 std::tuple<Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
     Tensor tokens, Tensor routing_map, std::optional<Tensor> probs, int64_t pad_to,
     std::optional<int64_t> num_out_rows) {
-  const auto s = check_moe_permute(tokens, routing_map, probs, pad_to, num_out_rows);
-  const int64_t t = s.tokens, e = s.experts;
-  auto mask = moe_routed_mask(routing_map);
-  const auto* m = static_cast<const bool*>(mask.data_ptr());
-  // per expert: its routed tokens, its segment's padded size and start
-  std::vector<int64_t> count(e, 0), start(e, 0);
-  for (int64_t i = 0; i < t; ++i) {
-    for (int64_t j = 0; j < e; ++j) count[j] += m[i * e + j] ? 1 : 0;
-  }
-  auto tpe = aten::empty({e}, kInt, tokens.device());
-  auto* tp = static_cast<int32_t*>(tpe.data_ptr());
-  int64_t total = 0;
-  for (int64_t j = 0; j < e; ++j) {
-    start[j] = total;
-    tp[j] = static_cast<int32_t>(checks::ceil_div(count[j], pad_to) * pad_to);
-    total += tp[j];
-  }
-  const int64_t n = num_out_rows.value_or(total);
-  FK_CHECK(total <= n, moe_bound_message(total, n));
-  FK_CHECK(n <= INT32_MAX, "fk::moe_permute: the padded segments need ", n,
-           " rows; at most 2^31 - 1 are supported");
-  auto row_map = aten::empty({t, e}, kInt, tokens.device());
-  auto* rm = static_cast<int32_t*>(row_map.data_ptr());
-  std::vector<int64_t> next(start);
-  for (int64_t i = 0; i < t; ++i) {
-    for (int64_t j = 0; j < e; ++j) {
-      rm[i * e + j] = m[i * e + j] ? static_cast<int32_t>(next[j]++) : -1;
-    }
-  }
-  const Routed r = routed_pairs("fk::moe_permute", row_map, n);
-  auto permuted = aten::zeros({n, s.hidden}, tokens.scalar_type(), tokens.device());
-  permuted = index_copy(permuted, r.rows, aten::index_select(tokens, 0, r.tokens));
-  Tensor pp;
-  if (has(probs)) {
-    pp = aten::zeros({n}, probs->scalar_type(), tokens.device());
-    pp = index_copy(pp, r.rows, aten::index_select(aten::reshape(*probs, {t * e}), 0, r.flat));
-  }
-  return {permuted, pp, row_map, tpe};
+  constexpr const char* op = "fk::moe_permute";
+  check_moe_permute(op, tokens, routing_map, probs, pad_to, num_out_rows);
+  return moe_permute_reference(op, tokens, routing_map, probs, pad_to, num_out_rows);
 }
 
 // sum over each token's routed rows of y[row] (times its weight), accumulated in acc dtype.
@@ -162,6 +127,50 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward_cpu(Tensor grad_out, Tensor pe
 }
 
 }  // namespace
+
+// Declared in moe_permute.h (the CPU backend of moe_permute's FP8 form builds on it).
+std::tuple<Tensor, Tensor, Tensor, Tensor> moe_permute_reference(
+    const char* op, const Tensor& tokens, const Tensor& routing_map,
+    const std::optional<Tensor>& probs, int64_t pad_to, std::optional<int64_t> num_out_rows) {
+  const int64_t t = tokens.size(0), e = routing_map.size(1);
+  auto mask = moe_routed_mask(routing_map);
+  const auto* m = static_cast<const bool*>(mask.data_ptr());
+  // per expert: its routed tokens, its segment's padded size and start
+  std::vector<int64_t> count(e, 0), start(e, 0);
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t j = 0; j < e; ++j) count[j] += m[i * e + j] ? 1 : 0;
+  }
+  auto tpe = aten::empty({e}, kInt, tokens.device());
+  auto* tp = static_cast<int32_t*>(tpe.data_ptr());
+  int64_t total = 0;
+  for (int64_t j = 0; j < e; ++j) {
+    start[j] = total;
+    tp[j] = static_cast<int32_t>(checks::ceil_div(count[j], pad_to) * pad_to);
+    total += tp[j];
+  }
+  const int64_t n = num_out_rows.value_or(total);
+  FK_CHECK(total <= n, moe_bound_message(op, total, n));
+  FK_CHECK(n <= INT32_MAX, op, ": the padded segments need ", n,
+           " rows; at most 2^31 - 1 are supported");
+  auto row_map = aten::empty({t, e}, kInt, tokens.device());
+  auto* rm = static_cast<int32_t*>(row_map.data_ptr());
+  std::vector<int64_t> next(start);
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t j = 0; j < e; ++j) {
+      rm[i * e + j] = m[i * e + j] ? static_cast<int32_t>(next[j]++) : -1;
+    }
+  }
+  const Routed r = routed_pairs(op, row_map, n);
+  auto permuted = aten::zeros({n, tokens.size(1)}, tokens.scalar_type(), tokens.device());
+  permuted = index_copy(permuted, r.rows, aten::index_select(tokens, 0, r.tokens));
+  Tensor pp;
+  if (has(probs)) {
+    pp = aten::zeros({n}, probs->scalar_type(), tokens.device());
+    pp = index_copy(pp, r.rows, aten::index_select(aten::reshape(*probs, {t * e}), 0, r.flat));
+  }
+  return {permuted, pp, row_map, tpe};
+}
+
 }  // namespace fk::ops
 
 STABLE_TORCH_LIBRARY_IMPL(fk, CPU, m) {

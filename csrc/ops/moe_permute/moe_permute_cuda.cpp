@@ -85,17 +85,14 @@ void gather_rows(const char* op, const Tensor& y, const Tensor& row_map,
   runtime::launch(op, kern, y.device(), {t, 1, 1}, args);
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> moe_permute_cuda(
-    Tensor tokens, Tensor routing_map, std::optional<Tensor> probs, int64_t pad_to,
-    std::optional<int64_t> num_out_rows) {
-  constexpr const char* op = "fk::moe_permute";
-  const auto s = check_moe_permute(tokens, routing_map, probs, pad_to, num_out_rows);
-  const int64_t t = s.tokens, h = s.hidden, e = s.experts;
-  const Device dev = tokens.device();
+}  // namespace
+
+// Declared in moe_permute.h.
+MoeRows moe_rows_cuda(const char* op, const Tensor& x, const Tensor& routing_map,
+                      int64_t pad_to, std::optional<int64_t> num_out_rows) {
+  const int64_t t = x.size(0), e = routing_map.size(1);
+  const Device dev = x.device();
   auto mask = moe_routed_mask(routing_map);
-  auto x = aten::contiguous(tokens);
-  std::optional<Tensor> p;
-  if (has(probs)) p = aten::contiguous(*probs);
   const bool routes = t > 0 && e > 0;
   // every expert's count is written by the scan kernel when it runs
   auto tpe = routes ? aten::empty({e}, kInt, dev) : aten::zeros({e}, kInt, dev);
@@ -138,13 +135,28 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> moe_permute_cuda(
     if (num_out_rows.has_value()) {
       // a device-side assert when the segments need more rows
       aten::call_n<0>("aten::_assert_async", "msg", ok,
-                      std::string("fk::moe_permute: the padded segments need more rows than "
-                                  "num_out_rows (a token routed to more than topk experts, or "
-                                  "a bound too small)"));
+                      str(op, ": the padded segments need more rows than num_out_rows (a "
+                          "token routed to more than topk experts, or a bound too small)"));
     }
   } else {
     aten::fill_(row_map, -1.0);  // nothing routed
   }
+  return {row_map, tpe, src, n};
+}
+
+namespace {
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> moe_permute_cuda(
+    Tensor tokens, Tensor routing_map, std::optional<Tensor> probs, int64_t pad_to,
+    std::optional<int64_t> num_out_rows) {
+  constexpr const char* op = "fk::moe_permute";
+  const auto s = check_moe_permute(op, tokens, routing_map, probs, pad_to, num_out_rows);
+  const int64_t h = s.hidden;
+  const Device dev = tokens.device();
+  auto x = aten::contiguous(tokens);
+  std::optional<Tensor> p;
+  if (has(probs)) p = aten::contiguous(*probs);
+  auto [row_map, tpe, src, n] = moe_rows_cuda(op, x, routing_map, pad_to, num_out_rows);
   auto permuted = aten::empty({n, h}, x.scalar_type(), dev);
   Tensor pp;
   if (p) pp = aten::empty({n}, p->scalar_type(), dev);

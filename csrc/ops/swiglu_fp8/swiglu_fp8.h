@@ -31,10 +31,4 @@ Fp8Layout check_moe_swiglu_fp8(const Tensor& x, const Tensor& probs,
 bool check_moe_swiglu_fp8_backward(const Tensor& grad_h, const Tensor& x, const Tensor& probs,
                                    const std::string& grad_layout);
 
-// Rows of the MoE form's column-wise scales: the most blocks E segments of M tokens in all
-// can have, sum_e ceil(M_e / 128) <= (M + 127 E) / 128.
-inline int64_t moe_scale_rows(int64_t m, int64_t experts) {
-  return (m + (kFp8Block - 1) * experts) / kFp8Block;
-}
-
 }  // namespace fk::ops

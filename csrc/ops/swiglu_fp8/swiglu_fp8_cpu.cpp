@@ -38,33 +38,13 @@ std::vector<int64_t> counts_of(const Tensor& tpe, int64_t m) {
   return out;
 }
 
-// The column-wise copy of h (M, n) quantized per expert segment.
-std::pair<Tensor, Tensor> quantize_segments(const Tensor& hf, const std::vector<int64_t>& counts,
-                                            bool pow2) {
-  const int64_t m = hf.size(0), n = hf.size(1);
-  auto ht = aten::contiguous(aten::t(hf));  // (n, M)
-  auto qt = aten::empty({n, m}, kFloat8e4m3, hf.device());
-  auto st = aten::full({moe_scale_rows(m, static_cast<int64_t>(counts.size())), n}, 1.0,
-                       kFloat, hf.device());
-  int64_t off = 0, blk = 0;
-  for (int64_t c : counts) {
-    if (c == 0) continue;
-    auto [q, s] = fp8_quantize_rows(aten::contiguous(aten::narrow(ht, 1, off, c)), pow2);
-    aten::copy_(aten::narrow(qt, 1, off, c), q);
-    aten::copy_(aten::narrow(st, 0, blk, ceil_div(c, kFp8Block)), s);
-    off += c;
-    blk += ceil_div(c, kFp8Block);
-  }
-  return {qt, st};
-}
-
 Out5 quantized(const Tensor& h, Fp8Layout want, bool pow2, bool return_h,
                const std::vector<int64_t>* counts) {
   auto hf = aten::to(h, kFloat);
   Tensor q, s, qt, st;
   if (want.rowwise) std::tie(q, s) = fp8_quantize_rows(hf, pow2);
   if (want.columnwise) {
-    std::tie(qt, st) = counts ? quantize_segments(hf, *counts, pow2)
+    std::tie(qt, st) = counts ? fp8_quantize_segments(hf, *counts, pow2)
                               : fp8_quantize_rows(aten::contiguous(aten::t(hf)), pow2);
   }
   return {q, s, qt, st, return_h ? h : Tensor()};

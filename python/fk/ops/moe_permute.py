@@ -146,8 +146,7 @@ def _check_probs(op, probs, like_name, like, t, e):
             ": probs must have shape (", t, ", ", e, "), got ", c.shape_text(probs))
 
 
-def check_moe_permute(tokens, routing_map, probs, pad_to, num_out_rows):
-    op = "fk::moe_permute"
+def check_moe_permute(tokens, routing_map, probs, pad_to, num_out_rows, op="fk::moe_permute"):
     c.check(tokens.dim() == 2, op, ": tokens must be 2-D (T, H), got shape ",
             c.shape_text(tokens))
     c.check_float(op, "tokens", tokens)
