@@ -271,6 +271,16 @@ def test_cpu_outputs_never_share_memory(shape):
         assert len(set(ptrs)) == 4, (block, shape)
 
 
+def test_not_differentiable():
+    """No output requires grad, through the wrapper and the operator alike (without the
+    formula, the CPU backend's ATen calls recorded a graph and a backward ran through it)."""
+    x = randn(4, 256).requires_grad_()
+    for out in (fk.fp8_quantize(x, layout="both"),
+                torch.ops.fk.fp8_quantize(x, 1, "both", False),
+                fk.fp8_quantize(x, block=(128, 128), layout="both")):
+        assert not any(o.requires_grad for o in out)
+
+
 def test_cpu_known_values():
     x = torch.zeros(2, 256)
     x[0, 0], x[0, 1], x[0, 2] = 448.0, -1.0, 1.0625  # scale 1: 1.0625 ties to 1.0 (even)

@@ -97,6 +97,31 @@ def register(op: str, backward, setup_context):
     return _eager_function(op, once, setup_context)
 
 
+def not_differentiable(op: str):
+    """For an fk operator none of whose outputs carries a gradient (the FP8 quantizers):
+    registers the autograd formula that marks every output non-differentiable, and returns
+    the eager form, which calls the backend kernel below autograd (no Python runs at the
+    Autograd key). Either way no output requires grad, whatever the inputs do. Without a
+    formula, the CPU backend's ATen calls would record a graph through which a backward
+    runs (giving the inputs the reference's gradient), and the CUDA backend none."""
+    overload = getattr(torch.ops.fk, op.split("::")[1]).default
+
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(*(t for t in output if isinstance(t, torch.Tensor)))
+        ctx.num_inputs = len(inputs)
+
+    def backward(ctx, *grads):
+        return (None,) * ctx.num_inputs
+
+    torch.library.register_autograd(op, backward, setup_context=setup_context)
+
+    def call(*args):
+        with torch._C._AutoDispatchBelowAutograd():
+            return overload(*args)
+
+    return call
+
+
 def eager() -> bool:
     """True where a Python wrapper may call the eager form: not under torch.compile's tracing
     (which takes the operator and its registered formula)."""

@@ -20,7 +20,7 @@ triton_src/fp8_quantize.py implement it):
   within that of a float8 rounding boundary.
 * inf and NaN: a block holding any inf or NaN gets ``s = NaN`` and all its data NaN (so it
   dequantizes to NaN throughout); every other block is unaffected. The same on every
-  backend.
+  backend, but for the NaN bytes' sign bit (0x7F on one backend may be 0xFF on another).
 * Blocks:
   - ``block=(1, 128)`` (activations, gradients): 128 consecutive elements of a row.
     Row-wise copy: data ``(M, K)``, scales ``(ceil(K / 128), M)`` with ``scales[j, i]`` the
@@ -32,13 +32,22 @@ triton_src/fp8_quantize.py implement it):
     ceil(K / 128))``; the column-wise copy is ``data.T`` with ``scales.T``.
   - A dimension that is not a multiple of 128 ends in a partial block (its scale from the
     elements it has).
+  - Per segment (the MoE ops, fk.moe_swiglu_fp8 and fk.moe_permute_fp8): x's M rows are E
+    expert segments of ``M_e`` consecutive rows (in order; their sum at most M). The
+    row-wise copy is as above (its blocks lie within rows). The column-wise copy, data
+    ``(K, M)``, has ``ceil(M_e / 128)`` blocks of 128 rows per segment, from the segment's
+    first row (the last one partial); their scales are rows ``blk_e .. blk_e +
+    ceil(M_e / 128) - 1`` of scales ``((M + 127 E) // 128, K)`` with ``blk_e = sum_{f<e}
+    ceil(M_f / 128)`` (``(M + 127 E) // 128`` is the most blocks there can be); the rows
+    after the last block hold 1.0, the columns of rows after the last segment are zero.
+    With E = 1 and M_0 = M it is the plain column-wise copy.
 
-Quantization is not differentiable (no autograd formula; gradients do not flow through
-it). The fake kernels exist, so both ops work under torch.compile and export.
+Quantization is not differentiable: no output requires grad, whatever ``x`` does
+(gradients do not flow through it). The fake kernels exist, so both ops work under torch.compile and export.
 """
 import torch
 
-from . import _checks as c
+from . import _autograd, _checks as c
 
 _LAYOUTS = ("rowwise", "columnwise", "both")
 _BLOCKS = {(1, 128): 1, (128, 128): 128}
@@ -79,8 +88,9 @@ def fp8_quantize(x: torch.Tensor, block=(1, 128), layout: str = "rowwise",
         and newer; 8.x GPUs, Ada's FP8 included, run the sm_80 cubins); on CUDA for K over
         8,388,480 (65535 column tiles, the grid's limit).
     """
-    q, s, qt, st = torch.ops.fk.fp8_quantize(x, _block_rows("fk::fp8_quantize", block),
-                                             layout, pow2_scales)
+    args = (x, _block_rows("fk::fp8_quantize", block), layout, pow2_scales)
+    q, s, qt, st = (_fp8_quantize_eager(*args) if _autograd.eager()
+                    else torch.ops.fk.fp8_quantize(*args))
     if layout == "rowwise":
         return q, s
     if layout == "columnwise":
@@ -174,3 +184,6 @@ def _quantize_fake(x, block_rows=1, layout="rowwise", pow2_scales=False):
 def _dequantize_fake(data, scales, block_rows, dtype):
     check_fp8_dequantize(data, scales, block_rows, dtype)
     return data.new_empty(data.shape, dtype=dtype)
+
+
+_fp8_quantize_eager = _autograd.not_differentiable("fk::fp8_quantize")
