@@ -526,6 +526,26 @@ inline int64_t moe_permute_bound(int64_t num_tokens, int64_t num_experts, int64_
   return std::min(bound, num_experts * ((num_tokens + pad_to - 1) / pad_to * pad_to));
 }
 
+// moe_permute with the permuted rows quantized to float8_e4m3fn in 1 x 128 blocks as they are
+// gathered (fk.moe_permute_fp8, python/fk/ops/moe_permute_fp8.py); layout "rowwise",
+// "columnwise" (per expert segment) or "both". Returns (data (N, H), scales (ceil(H/128), N),
+// data_t (H, N), scales_t ((N + 127 E) / 128, H), permuted_probs, row_id_map,
+// tokens_per_expert), the copies not asked for undefined. Not differentiable.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                  at::Tensor>
+moe_permute_fp8(const at::Tensor& tokens, const at::Tensor& routing_map,
+                const std::optional<at::Tensor>& probs = std::nullopt, int64_t pad_to = 16,
+                std::optional<int64_t> num_out_rows = std::nullopt,
+                c10::string_view layout = "rowwise", bool pow2_scales = false) {
+  using Out = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                         at::Tensor>;
+  static const auto op =
+      detail::op<Out(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                     int64_t, std::optional<int64_t>, c10::string_view, bool)>(
+          "fk::moe_permute_fp8");
+  return op.call(tokens, routing_map, probs, pad_to, num_out_rows, layout, pow2_scales);
+}
+
 // out (T, H): per token the sum over its experts of probs[t, e] * permuted[row_id_map[t, e]]
 // (weights 1 without probs), accumulated in fp32, in permuted's dtype.
 inline at::Tensor moe_unpermute(const at::Tensor& permuted, const at::Tensor& row_id_map,

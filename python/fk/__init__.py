@@ -32,6 +32,7 @@ from .ops.kl_div import kl_div  # noqa: E402
 from .ops.layer_norm import layer_norm  # noqa: E402
 from .ops.llama4_rope import llama4_rope  # noqa: E402
 from .ops.moe_permute import moe_permute, moe_unpermute  # noqa: E402
+from .ops.moe_permute_fp8 import moe_permute_fp8  # noqa: E402
 from .ops.multi_tensor_norm import multi_tensor_count_zeros, multi_tensor_norm  # noqa: E402
 from .ops.neighborhood_attention import neighborhood_attention  # noqa: E402
 from .ops.poly_norm import poly_norm  # noqa: E402
@@ -63,9 +64,9 @@ cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 __all__ = ["CrossEntropyOutput", "cross_entropy", "dyt", "fp8_dequantize", "fp8_linear",
            "fp8_quantize", "fused_add_rms_norm", "fused_linear_cross_entropy",
            "fused_linear_jsd", "gated_group_rms_norm", "geglu", "group_norm", "jsd",
-           "kl_div", "layer_norm", "llama4_rope", "moe_permute", "moe_swiglu_fp8",
-           "moe_swiglu_fp8_backward", "moe_unpermute", "multi_tensor_count_zeros",
-           "multi_tensor_norm", "neighborhood_attention", "poly_norm",
+           "kl_div", "layer_norm", "llama4_rope", "moe_permute", "moe_permute_fp8",
+           "moe_swiglu_fp8", "moe_swiglu_fp8_backward", "moe_unpermute",
+           "multi_tensor_count_zeros", "multi_tensor_norm", "neighborhood_attention", "poly_norm",
            "qkv_split_norm_rope", "qwen2vl_mrope", "rms_norm", "rms_norm_fp8", "rope",
            "rope_", "router_logits", "router_topk", "softmax", "sparsemax", "swiglu",
            "swiglu_fp8", "swiglu_fp8_backward", "swiglu_linear", "tvd",
