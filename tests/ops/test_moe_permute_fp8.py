@@ -138,7 +138,7 @@ def test_interpreter(dtype, layout, k, pad_to, extra, packed):
                                    if b.dtype == torch.float32 else b)
 
 
-def test_variants():
+def test_variants_cover_every_dtype():
     """sm_90 and newer: per dtype and flags (aligned, float32 probs with 16-bit tokens) one
     scatter variant and one tile variant per expert block; no FP8 kernels before sm_89."""
     mod = load_triton_src("moe_permute_fp8")
