@@ -94,7 +94,6 @@ std::pair<Tensor, Tensor> fp8_quantize_rows(const Tensor& x, bool pow2) {
   return {aten::contiguous(aten::narrow(q, 1, 0, c)), aten::contiguous(aten::t(s))};
 }
 
-
 // Declared in fp8_quantize.h (the MoE ops' column-wise copy).
 std::pair<Tensor, Tensor> fp8_quantize_segments(const Tensor& x,
                                                 const std::vector<int64_t>& counts, bool pow2) {

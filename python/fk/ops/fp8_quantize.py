@@ -43,7 +43,8 @@ triton_src/fp8_quantize.py implement it):
     With E = 1 and M_0 = M it is the plain column-wise copy.
 
 Quantization is not differentiable: no output requires grad, whatever ``x`` does
-(gradients do not flow through it). The fake kernels exist, so both ops work under torch.compile and export.
+(gradients do not flow through it). The fake kernels exist, so both ops work under
+torch.compile and export.
 """
 import torch
 

@@ -75,13 +75,15 @@ def moe_permute(tokens: torch.Tensor, routing_map: torch.Tensor,
     return _eager_permute(tokens, routing_map, probs, pad_to, num_out_rows)
 
 
-def moe_permute_bound(num_tokens: int, num_experts: int, topk: int, pad_to: int = 16) -> int:
+def moe_permute_bound(num_tokens: int, num_experts: int, topk: int, pad_to: int = 16,
+                      op: str = "fk::moe_permute") -> int:
     """The most rows moe_permute's padded segments can need when each of ``num_tokens``
-    tokens is routed to at most ``topk`` of ``num_experts`` experts."""
+    tokens is routed to at most ``topk`` of ``num_experts`` experts (``op``: the caller the
+    errors name)."""
     if topk < 1:
-        raise RuntimeError(f"fk::moe_permute: topk must be at least 1, got {topk}")
+        raise RuntimeError(f"{op}: topk must be at least 1, got {topk}")
     if pad_to < 1:
-        raise RuntimeError(f"fk::moe_permute: pad_to must be in [1, 2^31), got {pad_to}")
+        raise RuntimeError(f"{op}: pad_to must be in [1, 2^31), got {pad_to}")
     routed = num_tokens * topk
     per_expert = (num_tokens + pad_to - 1) // pad_to * pad_to
     if torch.jit.is_scripting():

@@ -66,9 +66,8 @@ def moe_permute_fp8(tokens: torch.Tensor, routing_map: torch.Tensor,
     """
     if topk is not None:
         c.check(num_out_rows is None, _OP, ": give topk or num_out_rows, not both")
-        c.check(topk >= 1, _OP, ": topk must be at least 1, got ", topk)
-        c.check(1 <= pad_to < 2 ** 31, _OP, ": pad_to must be in [1, 2^31), got ", pad_to)
-        num_out_rows = moe_permute_bound(tokens.shape[0], routing_map.shape[-1], topk, pad_to)
+        num_out_rows = moe_permute_bound(tokens.shape[0], routing_map.shape[-1], topk, pad_to,
+                                         _OP)
     args = (tokens, routing_map, probs, pad_to, num_out_rows, layout, pow2_scales)
     q, s, qt, st, pp, row_map, tpe = (_moe_permute_fp8_eager(*args) if _autograd.eager()
                                       else torch.ops.fk.moe_permute_fp8(*args))
@@ -99,7 +98,6 @@ def _moe_permute_fp8_fake(tokens, routing_map, probs=None, pad_to=16, num_out_ro
     pp = probs.new_empty((n,)) if probs is not None else None
     return (q, s, qt, st, pp, tokens.new_empty((t, e), dtype=torch.int32),
             tokens.new_empty((e,), dtype=torch.int32))
-
 
 
 # --- autograd: only permuted_probs is differentiable (in probs) ---------------------------
