@@ -47,7 +47,6 @@ def main():
     routed = row_map >= 0
     src[row_map[routed].long()] = torch.arange(t, device=dev, dtype=torch.int32)[
         :, None].expand(t, e)[routed]
-    counts = tpe.long()
     rows_t = st.shape[0]
     one = t * k * h + 4 * t * k * triton.cdiv(h, 128)
     print(f"tokens {t}, hidden {h}, {e} experts top {k}, {n} permuted rows (pad_to "
@@ -85,7 +84,7 @@ def main():
             for w in ((4,) if args.quick else (2, 4, 8)):
                 def run():
                     K.moe_permute_fp8_tile_kernel[(rows_t + 1, triton.cdiv(h, 128))](
-                        x, src, counts, probs, pp3, q3, s3, qt3, st3, t, h, e, n, want_row, 1, 0,
+                        x, src, tpe, probs, pp3, q3, s3, qt3, st3, t, h, e, n, want_row, 1, 0,
                         E_BLOCK=eb, PACKED=packed, num_warps=w)
                 st3.fill_(float("nan"))
                 run()

@@ -3,7 +3,7 @@ quantized to float8_e4m3fn on the way (the format: python/fk/ops/fp8_quantize.py
 python/fk/ops/moe_permute_fp8.py).
 
 The row map (row_map (T, E) int32, src (N,) int32 with the token of each row or -1 for a
-padding row, tpe (E,) int64 padded segment sizes) comes from moe_permute's map kernels
+padding row, tpe (E,) int32 padded segment sizes) comes from moe_permute's map kernels
 (triton_src/moe_permute.py); these kernels only move and quantize the data. Permuted row r
 holds token src[r] (zeros where src[r] < 0), and the quantized copies are those of that
 (N, H) matrix, which is never written in the tokens' dtype:
@@ -153,7 +153,7 @@ def moe_permute_fp8_tile_kernel(x_ptr, src_ptr, tpe_ptr, pin_ptr, pout_ptr, q_pt
 
 _FP8 = {a: "*fp8e4nv" for a in ("q_ptr", "qt_ptr")}
 _TYPES = {**_FP8, "s_ptr": "*fp32", "st_ptr": "*fp32", "row_map_ptr": "*i32", "src_ptr": "*i32",
-          "tpe_ptr": "*i64", "T": "i64", "H": "i64", "E": "i64", "N": "i64", "want_pp": "i32",
+          "tpe_ptr": "*i32", "T": "i64", "H": "i64", "E": "i64", "N": "i64", "want_pp": "i32",
           "want_row": "i32", "pow2": "i32"}
 _KERNELS = {
     # family: (kernel, arguments, constexprs)

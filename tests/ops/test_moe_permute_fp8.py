@@ -81,7 +81,7 @@ def _interp(tokens, rmap, probs, pad_to, layout, pow2, extra_rows=0, packed=0, f
             NB=2, ZR=4)
     else:
         mod.moe_permute_fp8_tile_kernel[(rows_t + 1, nk)](
-            tokens, src, tpe.long(), pin, pout, q, s, qt, st, t, h, e, n,
+            tokens, src, tpe, pin, pout, q, s, qt, st, t, h, e, n,
             int(layout == "both"), want_pp, int(pow2), E_BLOCK=16, PACKED=packed)
     got_q = (q, s) if layout != "columnwise" else (None, None)
     got_t = (qt, st[:rows_t]) if layout != "rowwise" else (None, None)

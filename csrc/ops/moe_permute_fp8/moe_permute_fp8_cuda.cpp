@@ -73,8 +73,7 @@ Out7 moe_permute_fp8_cuda(Tensor tokens, Tensor routing_map, std::optional<Tenso
     static const auto& tile = runtime::family("moe_permute_fp8_tile");
     // the aligned (slab) variant also needs N % 4 == 0: its words hold four rows' bytes
     const auto& kern = tile.pick(op, x, e, n % 4 == 0 ? flags : flags & ~runtime::kFlagAligned);
-    auto counts = aten::to(tpe, kLong);
-    args.ptr(x).ptr(src).ptr(counts).ptr(pin).ptr(pout).ptr(q_any).ptr(s_any).ptr(qt)
+    args.ptr(x).ptr(src).ptr(tpe).ptr(pin).ptr(pout).ptr(q_any).ptr(s_any).ptr(qt)
         .ptr(st_all).i64(t).i64(h).i64(e).i64(n).i32(want.rowwise ? 1 : 0).i32(p ? 1 : 0)
         .i32(pow2_scales ? 1 : 0);
     runtime::launch(op, kern, dev, {st_rows + 1, ceil_div(h, kFp8Block), 1}, args);
