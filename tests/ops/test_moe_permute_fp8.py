@@ -222,6 +222,15 @@ def test_cpu_gradients():
         out[4].backward(gp)
         assert torch.equal(p8.grad, p.grad), "dprobs"
     assert not any(o.requires_grad for o in fk.moe_permute_fp8(x, rmap) if o is not None)
+    # nothing routed and no rows: probs' gradient is zero, as through fk.moe_permute
+    none = torch.zeros_like(rmap)
+    for name, fn in (("moe_permute", lambda p0: fk.moe_permute(x, none, p0)[1]),
+                     ("moe_permute_fp8", lambda p0: fk.moe_permute_fp8(x, none, p0)[2])):
+        p0 = probs.clone().requires_grad_()
+        pp0 = fn(p0)
+        assert pp0.shape == (0,)
+        pp0.sum().backward()
+        assert torch.equal(p0.grad, torch.zeros_like(probs)), name
     with pytest.raises(RuntimeError, match="differentiate twice"):
         p8 = probs.clone().requires_grad_()
         pp8 = fk.moe_permute_fp8(x, rmap, p8, pad_to=4)[2]

@@ -113,9 +113,11 @@ def _backward(ctx, _gq, _gs, _gqt, _gst, grad_pp, _gmap, _gtpe):
     if grad_pp is None or not ctx.needs_input_grad[2]:
         return none
     (row_map,) = ctx.saved_tensors
-    rows = row_map.clamp(min=0).long()
-    dprobs = torch.where(row_map >= 0, grad_pp[rows], torch.zeros((), dtype=grad_pp.dtype,
-                                                                   device=grad_pp.device))
+    # rows past grad_pp's end read the appended zero: the entries not routed (-1), and every
+    # entry when there are no rows at all
+    n = grad_pp.shape[0]
+    padded = torch.cat([grad_pp, grad_pp.new_zeros(1)])
+    dprobs = padded[torch.where(row_map >= 0, row_map, n).long()]
     return None, None, dprobs, None, None, None, None
 
 
