@@ -3,7 +3,11 @@
 // kernels against central finite differences, in float64 on fk's CPU backend (small
 // shapes). Also: a double backward raises, frozen inputs get no gradient, fk::rope_ refuses
 // tensors that require grad, and the backward_in_place options write into the inputs.
-// fk::rms_norm_fp8 (no float64) against fk::rms_norm's gradients in float32.
+// The FP8 ops take no float64, so their formulas are checked in float32 against independent
+// paths: fk::rms_norm_fp8 against fk::rms_norm's gradients, fk::swiglu_fp8 and
+// fk::moe_swiglu_fp8 against ATen's autograd of silu(gate) * up (* probs) and fk::swiglu,
+// fk::moe_permute_fp8's probs gradient against fk::moe_permute's; none of fk::fp8_quantize's
+// outputs requires grad.
 //
 //   fk_autograd_check          prints one "OK" line per check; exits non-zero on a failure
 #include <fk/autograd.h>
@@ -11,10 +15,13 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -757,6 +764,341 @@ void check_rms_norm_fp8() {
   }, {x, w}, 0);
 }
 
+// --- the other FP8 ops: no float64 either (their outputs are float8), so their formulas are
+// checked in float32 against independent paths: ATen autograd of the unquantized formula, or
+// the unquantized fk op. Their "gradcheck" lines name the reference; the tolerances are
+// stated where they are set. Without the formulas, the CPU backend's ATen calls would record
+// a graph that gives ATen's gradients too: what tells the formulas from it is that only the
+// differentiable output requires grad (the quantized copies do not) and that a double
+// backward raises.
+
+const auto kF32 = at::TensorOptions().dtype(at::kFloat);
+
+// Whether each of ts (undefined ones: false) requires grad as `want` says.
+bool requires_grad_is(const Tensors& ts, const std::vector<bool>& want) {
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if ((ts[i].defined() && ts[i].requires_grad()) != want[i]) return false;
+  }
+  return true;
+}
+
+// "" when the gradients `got` match `want` pairwise (both undefined, or the same shape and
+// dtype and allclose within rtol / atol; rtol = atol = 0: equal), else what differs. *worst:
+// the largest absolute difference.
+std::string grads_differ(const Tensors& got, const Tensors& want, double rtol, double atol,
+                         double* worst) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    const std::string which = "gradient " + std::to_string(i);
+    if (!got[i].defined() || !want[i].defined()) {
+      if (got[i].defined()) return which + " should be undefined (no gradient)";
+      if (want[i].defined()) return which + " is undefined";
+      continue;
+    }
+    if (got[i].sizes() != want[i].sizes() || got[i].scalar_type() != want[i].scalar_type()) {
+      return which + " has the wrong shape or dtype";
+    }
+    if (got[i].numel() == 0) continue;
+    const double diff = (got[i] - want[i]).abs().max().item<double>();
+    *worst = std::max(*worst, diff);
+    if (!at::allclose(got[i], want[i], rtol, atol)) {
+      return which + ": max abs diff " + std::to_string(diff);
+    }
+  }
+  return "";
+}
+
+// Prints "OK <what> (max abs diff ...)" when `problem` is empty, else a FAIL line.
+void report(const std::string& what, const std::string& problem, double worst) {
+  if (!problem.empty()) {
+    fail(what, problem);
+  } else {
+    std::printf("OK %s (max abs diff %.3e)\n", what.c_str(), worst);
+  }
+}
+
+// Runs check(), which reports `what` itself; an exception fails `what`.
+void guarded(const std::string& what, const std::function<void()>& check) {
+  try {
+    check();
+  } catch (const std::exception& e) {
+    fail(what, std::string("error: ") + std::string(e.what()).substr(0, 400));
+  }
+}
+
+// Whether a and b hold the same values (float8: the same bytes), or are both undefined.
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
+  if (a.scalar_type() != b.scalar_type()) return false;
+  if (a.scalar_type() == at::kFloat8_e4m3fn) {
+    return at::equal(a.view(at::kByte), b.view(at::kByte));
+  }
+  return at::equal(a, b);
+}
+
+// fk::fp8_quantize is not differentiable: no output requires grad, whatever x does (a leaf
+// or an intermediate that requires grad), and the values are those of x detached.
+void check_fp8_quantize() {
+  const std::string what = "fp8_quantize outputs do not require grad";
+  guarded(what, [&] {
+    const at::Tensor x = at::randn({3, 260}, kF32);
+    const at::Tensor leaf = x.clone().requires_grad_(true);
+    for (const at::Tensor& in : {leaf, leaf * 2.0}) {
+      for (const int64_t block_rows : {1, 128}) {
+        for (const char* layout : {"rowwise", "columnwise", "both"}) {
+          const std::string where = std::string("block_rows ") + std::to_string(block_rows) +
+                                    ", layout " + layout;
+          auto [q, s, qt, st] = fk::fp8_quantize(in, block_rows, layout);
+          auto [rq, rs, rqt, rst] = fk::fp8_quantize(in.detach(), block_rows, layout);
+          if (!requires_grad_is({q, s, qt, st}, {false, false, false, false})) {
+            return fail(what, "an output requires grad (" + where + ")");
+          }
+          if (!same_bits(q, rq) || !same_bits(s, rs) || !same_bits(qt, rqt) ||
+              !same_bits(st, rst)) {
+            return fail(what, "the outputs differ from x detached's (" + where + ")");
+          }
+        }
+      }
+    }
+    ok(what);
+  });
+}
+
+// silu(gate) * up (* p[:, None]) of x = [gate | up] in ATen operators: the reference h of
+// swiglu_fp8 and moe_swiglu_fp8, and through ATen's autograd the reference gradients.
+at::Tensor silu_mul(const at::Tensor& x, const at::Tensor& p = at::Tensor()) {
+  const int64_t n = x.size(1) / 2;
+  const at::Tensor h = at::silu(x.narrow(1, 0, n)) * x.narrow(1, n, n);
+  return p.defined() ? h * p.unsqueeze(1) : h;
+}
+
+// Tolerances of dx against ATen's autograd (float32): both evaluate dh * up * silu'(gate) and
+// dh * silu(gate) in a few float32 roundings, by different expressions (fk's CPU backend:
+// sg + silu (1 - sg); ATen: sg (1 + gate (1 - sg))), so they differ by a few ulp relative
+// (rtol 1e-5), and near the zero of silu' (gate ~ -1.28) by a few ulp of the terms' size
+// (|dh * up| < ~30 here: atol 1e-5). The differences seen here are at most ~1e-6.
+constexpr double kDxRtol = 1e-5, kDxAtol = 1e-5;
+
+// fk::swiglu_fp8: only h carries the gradient (straight through), dx as ATen's autograd of
+// silu(gate) * up and as fk::swiglu's gradient.
+void check_swiglu_fp8() {
+  const int64_t m = 5, n = 130;  // n: a full and a partial block of 128
+  const at::Tensor x = 2.0 * at::randn({m, 2 * n}, kF32), dh = at::randn({m, n}, kF32);
+  at::Tensor xr = x.clone().requires_grad_(true);
+  const at::Tensor hr = silu_mul(xr);
+  const at::Tensor gr = torch::autograd::grad({hr}, {xr}, {dh})[0];
+  for (const char* layout : {"rowwise", "columnwise", "both"}) {
+    const std::string what =
+        std::string("gradcheck swiglu_fp8 layout=") + layout + " vs ATen silu(gate) * up";
+    guarded(what, [&] {
+      at::Tensor x8 = x.clone().requires_grad_(true);
+      auto [q, s, qt, st, h] = fk::swiglu_fp8(x8, layout, false, true);
+      if (!requires_grad_is({q, s, qt, st, h}, {false, false, false, false, true})) {
+        return fail(what, "only h may require grad");
+      }
+      // h: the same float32 product by another silu (g * sigmoid(g) against ATen's):
+      // within a few ulp.
+      if (!at::allclose(h, hr, 1e-5, 1e-6)) return fail(what, "h differs from ATen's");
+      double worst = 0.0;
+      const Tensors g = torch::autograd::grad({h}, {x8}, {dh});
+      report(what, grads_differ(g, {gr}, kDxRtol, kDxAtol, &worst), worst);
+    });
+  }
+  {
+    const std::string what = "gradcheck swiglu_fp8 vs swiglu";
+    guarded(what, [&] {
+      at::Tensor x8 = x.clone().requires_grad_(true), xs = x.clone().requires_grad_(true);
+      auto [q, s, qt, st, h] = fk::swiglu_fp8(x8, "rowwise", false, true);
+      if (!requires_grad_is({q, s, h}, {false, false, true})) {
+        return fail(what, "only h may require grad");
+      }
+      const at::Tensor c =
+          fk::swiglu(xs.narrow(1, 0, n).contiguous(), xs.narrow(1, n, n).contiguous());
+      double worst = 0.0;
+      // Both in float32 from the same inputs, each by its own kernel: the tolerances above.
+      report(what,
+             grads_differ(torch::autograd::grad({h}, {x8}, {dh}),
+                          torch::autograd::grad({c}, {xs}, {dh}), kDxRtol, kDxAtol, &worst),
+             worst);
+    });
+  }
+  {
+    const std::string what = "swiglu_fp8 without return_h: no output requires grad";
+    guarded(what, [&] {
+      auto [q, s, qt, st, h] = fk::swiglu_fp8(x.clone().requires_grad_(true), "both");
+      if (h.defined() || !requires_grad_is({q, s, qt, st}, {false, false, false, false})) {
+        return fail(what, "an output requires grad, or h is defined");
+      }
+      ok(what);
+    });
+  }
+  check_double_backward("swiglu_fp8", [](const Tensors& t) {
+    return Tensors{std::get<4>(fk::swiglu_fp8(t[0], "rowwise", false, true))};
+  }, {x}, 0);
+}
+
+// fk::moe_swiglu_fp8: h is differentiable in x and probs; dx and dprobs as ATen's autograd of
+// silu(gate) * up * probs[:, None]; a frozen x or probs gets no gradient.
+void check_moe_swiglu_fp8() {
+  const int64_t m = 9, n = 130;
+  const at::Tensor tpe = at::tensor({3, 0, 6}, at::kInt);  // an empty segment among them
+  const at::Tensor x = 2.0 * at::randn({m, 2 * n}, kF32), p = at::rand({m}, kF32);
+  const at::Tensor dh = at::randn({m, n}, kF32);
+  at::Tensor xr = x.clone().requires_grad_(true), pr = p.clone().requires_grad_(true);
+  const Tensors ref = torch::autograd::grad({silu_mul(xr, pr)}, {xr, pr}, {dh});
+  // dprobs: a sum of n = 130 float32 products per row, accumulated in another order (and the
+  // products associated differently) than ATen's: its rounding errors grow with n and the
+  // terms' size: at most ~2e-3 here (n * 2^-24 * sum |terms|, the sums of |terms| ~300), and
+  // far less in practice, the roundings being random (6e-6 seen here): rtol 1e-5, atol 1e-4.
+  const double dp_atol = 1e-4;
+  auto moe = [=](const at::Tensor& xx, const at::Tensor& pp, const char* layout) {
+    return fk::moe_swiglu_fp8(xx, pp, tpe, layout, false, true);
+  };
+  for (const char* layout : {"rowwise", "columnwise", "both"}) {
+    const std::string what = std::string("gradcheck moe_swiglu_fp8 layout=") + layout +
+                             " vs ATen silu(gate) * up * probs";
+    guarded(what, [&] {
+      at::Tensor x8 = x.clone().requires_grad_(true), p8 = p.clone().requires_grad_(true);
+      auto [q, s, qt, st, h] = moe(x8, p8, layout);
+      if (!requires_grad_is({q, s, qt, st, h}, {false, false, false, false, true})) {
+        return fail(what, "only h may require grad");
+      }
+      if (!at::allclose(h, silu_mul(x, p), 1e-5, 1e-6)) return fail(what, "h differs");
+      const Tensors g = torch::autograd::grad({h}, {x8, p8}, {dh});
+      double worst = 0.0;
+      std::string problem = grads_differ({g[0]}, {ref[0]}, kDxRtol, kDxAtol, &worst);
+      if (problem.empty()) problem = grads_differ({g[1]}, {ref[1]}, 1e-5, dp_atol, &worst);
+      report(what, problem, worst);
+    });
+  }
+  // A frozen input: the other's gradient as above, none for it (h.backward, so that a
+  // gradient computed for the frozen input would show in its .grad).
+  for (const bool freeze_x : {true, false}) {
+    const std::string what =
+        std::string("gradcheck moe_swiglu_fp8 frozen ") + (freeze_x ? "x" : "probs");
+    guarded(what, [&] {
+      at::Tensor x8 = x.clone().requires_grad_(!freeze_x);
+      at::Tensor p8 = p.clone().requires_grad_(freeze_x);
+      auto [q, s, qt, st, h] = moe(x8, p8, "both");
+      if (!requires_grad_is({q, s, qt, st, h}, {false, false, false, false, true})) {
+        return fail(what, "only h may require grad");
+      }
+      h.backward(dh);
+      double worst = 0.0;
+      const std::string problem =
+          freeze_x ? grads_differ({x8.grad(), p8.grad()}, {at::Tensor(), ref[1]}, 1e-5, dp_atol,
+                                  &worst)
+                   : grads_differ({x8.grad(), p8.grad()}, {ref[0], at::Tensor()}, kDxRtol,
+                                  kDxAtol, &worst);
+      report(what, problem, worst);
+    });
+  }
+  {
+    const std::string what = "moe_swiglu_fp8 without return_h: no output requires grad";
+    guarded(what, [&] {
+      auto [q, s, qt, st, h] = fk::moe_swiglu_fp8(x.clone().requires_grad_(true),
+                                                  p.clone().requires_grad_(true), tpe, "both");
+      if (h.defined() || !requires_grad_is({q, s, qt, st}, {false, false, false, false})) {
+        return fail(what, "an output requires grad, or h is defined");
+      }
+      ok(what);
+    });
+  }
+  auto h_of = [=](const Tensors& t) {
+    return Tensors{std::get<4>(moe(t[0], t[1], "rowwise"))};
+  };
+  check_double_backward("moe_swiglu_fp8", h_of, {x, p}, 0);
+  check_double_backward("moe_swiglu_fp8 probs", h_of, {x, p}, 1);
+}
+
+// fk::moe_permute_fp8: only permuted_probs requires grad, and its gradient reaches probs as
+// through fk::moe_permute (both gathers of the same incoming gradient: equal); the tokens get
+// none.
+void check_moe_permute_fp8() {
+  const int64_t t = 7, e = 5, k = 2, pad_to = 4, hidden = 130;
+  const at::Tensor x = at::randn({t, hidden}, kF32), probs = at::rand({t, e}, kF32);
+  const at::Tensor rmap =
+      at::zeros({t, e}, at::kBool).scatter_(1, std::get<1>(at::randn({t, e}).topk(k, 1)), true);
+  const int64_t bound = fk::moe_permute_bound(t, e, k, pad_to);
+  // (tokens' gradient, probs' gradient) of permuted_probs given a random incoming gradient,
+  // through fk::moe_permute_fp8 (with `layout`) and through fk::moe_permute.
+  auto both = [&](const at::Tensor& map, std::optional<int64_t> rows, const char* layout,
+                  bool tokens_grad, bool probs_grad, std::string* problem) {
+    at::Tensor x8 = x.clone().requires_grad_(tokens_grad);
+    at::Tensor p8 = probs.clone().requires_grad_(probs_grad);
+    auto [q, s, qt, st, pp8, row_map, tpe] =
+        fk::moe_permute_fp8(x8, map, p8, pad_to, rows, layout);
+    if (!requires_grad_is({q, s, qt, st, pp8, row_map, tpe},
+                          {false, false, false, false, true, false, false})) {
+      *problem = "only permuted_probs may require grad";
+      return std::make_pair(Tensors{}, Tensors{});
+    }
+    at::Tensor xr = x.clone().requires_grad_(tokens_grad);
+    at::Tensor pr = probs.clone().requires_grad_(probs_grad);
+    const at::Tensor ppr = std::get<1>(fk::moe_permute(xr, map, pr, pad_to, rows));
+    if (!at::equal(pp8, ppr)) *problem = "permuted_probs differ from fk::moe_permute's";
+    const at::Tensor gp = at::randn(ppr.sizes(), kF32);
+    pp8.backward(gp);
+    ppr.backward(gp);
+    // fk::moe_permute gives the tokens a gradient through permuted only: none here either.
+    return std::make_pair(Tensors{x8.grad(), p8.grad()}, Tensors{at::Tensor(), pr.grad()});
+  };
+  for (const std::optional<int64_t> rows : {std::optional<int64_t>(bound),
+                                            std::optional<int64_t>()}) {
+    for (const char* layout : {"rowwise", "columnwise", "both"}) {
+      const std::string what = std::string("gradcheck moe_permute_fp8 layout=") + layout +
+                               (rows ? " num_out_rows" : "") + " vs moe_permute";
+      guarded(what, [&] {
+        std::string problem;
+        auto [got, want] = both(rmap, rows, layout, true, true, &problem);
+        double worst = 0.0;
+        if (problem.empty()) problem = grads_differ(got, want, 0.0, 0.0, &worst);
+        report(what, problem, worst);
+      });
+    }
+  }
+  {
+    // As in Python, permuted_probs requires grad when only the tokens do (a Function's output
+    // does), and the backward gives nothing.
+    const std::string what = "gradcheck moe_permute_fp8 frozen probs";
+    guarded(what, [&] {
+      std::string problem;
+      auto [got, want] = both(rmap, bound, "rowwise", true, false, &problem);
+      double worst = 0.0;
+      if (problem.empty()) {
+        problem = grads_differ(got, {at::Tensor(), at::Tensor()}, 0.0, 0.0, &worst);
+      }
+      report(what, problem, worst);
+    });
+  }
+  {
+    // No rows at all: permuted_probs is empty, dprobs zero (Python's formula raises here).
+    const std::string what = "gradcheck moe_permute_fp8 nothing routed vs moe_permute";
+    guarded(what, [&] {
+      std::string problem;
+      auto [got, want] =
+          both(at::zeros({t, e}, at::kBool), std::nullopt, "both", false, true, &problem);
+      double worst = 0.0;
+      if (problem.empty()) problem = grads_differ(got, want, 0.0, 0.0, &worst);
+      report(what, problem, worst);
+    });
+  }
+  {
+    const std::string what = "moe_permute_fp8 without probs: no output requires grad";
+    guarded(what, [&] {
+      auto [q, s, qt, st, pp, row_map, tpe] = fk::moe_permute_fp8(
+          x.clone().requires_grad_(true), rmap, std::nullopt, pad_to, bound, "both");
+      if (pp.defined() || !requires_grad_is({q, s, qt, st, row_map, tpe},
+                                            {false, false, false, false, false, false})) {
+        return fail(what, "an output requires grad, or permuted_probs is defined");
+      }
+      ok(what);
+    });
+  }
+  check_double_backward("moe_permute_fp8", [=](const Tensors& in) {
+    return Tensors{std::get<4>(fk::moe_permute_fp8(in[0], rmap, in[1], pad_to, bound))};
+  }, {x, probs}, 1);
+}
+
 }  // namespace
 
 int main() {
@@ -785,6 +1127,10 @@ int main() {
     check_fused_linear_jsd();
     check_moe();
     check_rms_norm_fp8();
+    check_fp8_quantize();
+    check_swiglu_fp8();
+    check_moe_swiglu_fp8();
+    check_moe_permute_fp8();
   } catch (const std::exception& e) {
     std::printf("FAIL error: %s\n", e.what());
     return 2;

@@ -21,9 +21,13 @@
 // op where the backward needs only its inputs and outputs, else the internal forward
 // fk::_<op>_forward that returns what the backward needs (the public op is then a
 // CompositeImplicitAutograd kernel calling it), or, for the cross entropies, the public op
-// with a kernel of its own. As in Python, a backward runs once: its internal backward ops
-// have no derivative, so differentiating a gradient (double backward) raises
-// "<op>: double backward is not implemented (... trying to differentiate twice)".
+// with a kernel of its own. The FP8 ops' quantized copies carry no gradient (an FP8 tensor
+// cannot): fk::rms_norm_fp8, fk::swiglu_fp8 and fk::moe_swiglu_fp8 differentiate through the
+// unquantized output they also return (straight through), fk::moe_permute_fp8 through
+// permuted_probs only, and fk::fp8_quantize not at all (its Autograd kernel, no Function,
+// calls it below autograd: no output requires grad). As in Python, a backward runs once: its
+// internal backward ops have no derivative, so differentiating a gradient (double backward)
+// raises "<op>: double backward is not implemented (... trying to differentiate twice)".
 #pragma once
 
 #include <ATen/Functions.h>
@@ -437,6 +441,164 @@ class RmsNormFp8Function : public torch::autograd::Function<RmsNormFp8Function> 
         detail::op<Result(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool,
                           bool)>(kOp);
     return op.call(x, weight, eps, layout, pow2_scales, return_norm);
+  }
+};
+
+// --- fp8_quantize: on fk::fp8_quantize (not differentiable) --------------------------------
+
+// As Python's _autograd.not_differentiable: quantization is not differentiable (gradients do
+// not flow through it; the data are float8, which cannot carry one), so no output requires
+// grad, whatever x does. The Autograd kernel runs the backend's kernel below autograd, which
+// is what Python's formula (every output marked non-differentiable) amounts to. Without it,
+// the CPU backend's ATen calls record a graph (the copies require grad, and a backward
+// through them gives x a gradient) and the CUDA backend none. No Function: there is no
+// backward to run.
+struct Fp8QuantizeKernel {
+  static constexpr const char* kOp = "fk::fp8_quantize";
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+  // The Autograd kernel of fk::fp8_quantize.
+  static Result kernel(const at::Tensor& x, int64_t block_rows, c10::string_view layout,
+                       bool pow2_scales) {
+    static const auto op =
+        detail::op<Result(const at::Tensor&, int64_t, c10::string_view, bool)>(kOp);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return op.call(x, block_rows, layout, pow2_scales);
+  }
+};
+
+namespace detail {
+
+// The FP8 ops' quantized copies (data, scales, data_t, scales_t) from `out`, the defined
+// outputs a Function returned, copies first: the two of "rowwise" or "columnwise", or the
+// four of "both" (the op has checked the layout). The copies the layout leaves out are
+// undefined, as the op returns them.
+inline std::array<at::Tensor, 4> fp8_copies(c10::string_view layout, const variable_list& out) {
+  const std::string copies(layout);
+  if (copies == "rowwise") return {out[0], out[1], at::Tensor(), at::Tensor()};
+  if (copies == "columnwise") return {at::Tensor(), at::Tensor(), out[0], out[1]};
+  return {out[0], out[1], out[2], out[3]};
+}
+
+}  // namespace detail
+
+// --- swiglu_fp8 / moe_swiglu_fp8: on the public ops (the gradient enters through h) -------
+
+// Straight through, as in Python: h = silu(gate) * up (* probs[:, None] in the MoE form),
+// returned with return_h, carries the gradient, and the quantized copies (h's values in FP8)
+// carry none (an FP8 tensor cannot). Without return_h nothing is differentiable: the op runs
+// below autograd (Python's formula marks every output non-differentiable, so no output
+// requires grad either way). The backwards are fk::swiglu_fp8_backward's and
+// fk::moe_swiglu_fp8_backward's, with dx unquantized (grad_layout "none").
+class SwigluFp8Function : public torch::autograd::Function<SwigluFp8Function> {
+ public:
+  static constexpr const char* kOp = "fk::swiglu_fp8";
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+  // Returns the defined outputs: the copies of the layout, then h (always asked for here).
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               c10::string_view layout, bool pow2_scales) {
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [q, s, qt, st, h] = call(x, layout, pow2_scales, true);
+    ctx->save_for_backward({x});
+    ctx->mark_non_differentiable(detail::defined({q, s, qt, st}));
+    // Undefined outputs are left out (a C++ Function cannot return them).
+    return detail::defined({q, s, qt, st, h});
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor grad_h = grads.back();
+    if (!grad_h.defined() || !ctx->needs_input_grad(0)) return variable_list(3);
+    auto saved = ctx->get_saved_variables();
+    return detail::once_differentiable(kOp, grads, {&saved[0]}, [&](bool) {
+      static const auto op =
+          detail::op<Result(const at::Tensor&, const at::Tensor&, c10::string_view, bool)>(
+              "fk::swiglu_fp8_backward");
+      at::Tensor dx = std::get<0>(op.call(grad_h, saved[0], "none", false));
+      return variable_list{dx, at::Tensor(), at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::swiglu_fp8.
+  static Result kernel(const at::Tensor& x, c10::string_view layout, bool pow2_scales,
+                       bool return_h) {
+    if (!return_h || !detail::records({&x})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(x, layout, pow2_scales, return_h);
+    }
+    auto out = apply(x, layout, pow2_scales);
+    const auto c = detail::fp8_copies(layout, out);
+    return {c[0], c[1], c[2], c[3], out.back()};
+  }
+
+ private:
+  static Result call(const at::Tensor& x, c10::string_view layout, bool pow2_scales,
+                     bool return_h) {
+    static const auto op =
+        detail::op<Result(const at::Tensor&, c10::string_view, bool, bool)>(kOp);
+    return op.call(x, layout, pow2_scales, return_h);
+  }
+};
+
+// h is differentiable in x and probs; tokens_per_expert (integers) only places the segments
+// of the column-wise copy.
+class MoeSwigluFp8Function : public torch::autograd::Function<MoeSwigluFp8Function> {
+ public:
+  static constexpr const char* kOp = "fk::moe_swiglu_fp8";
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+  // Returns the defined outputs: the copies of the layout, then h (always asked for here).
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& probs, const at::Tensor& tokens_per_expert,
+                               c10::string_view layout, bool pow2_scales) {
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [q, s, qt, st, h] = call(x, probs, tokens_per_expert, layout, pow2_scales, true);
+    ctx->save_for_backward({x, probs});
+    ctx->mark_non_differentiable(detail::defined({q, s, qt, st}));
+    // Undefined outputs are left out (a C++ Function cannot return them).
+    return detail::defined({q, s, qt, st, h});
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor grad_h = grads.back();
+    const bool want_dx = ctx->needs_input_grad(0);
+    const bool want_dprobs = ctx->needs_input_grad(1);
+    if (!grad_h.defined() || !(want_dx || want_dprobs)) return variable_list(5);
+    auto saved = ctx->get_saved_variables();
+    return detail::once_differentiable(kOp, grads, {&saved[0], &saved[1]}, [&](bool) {
+      static const auto op =
+          detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view,
+              bool)>("fk::moe_swiglu_fp8_backward");
+      auto [dx, dprobs, q, s] = op.call(grad_h, saved[0], saved[1], "none", false);
+      return variable_list{want_dx ? dx : at::Tensor(), want_dprobs ? dprobs : at::Tensor(),
+                           at::Tensor(), at::Tensor(), at::Tensor()};
+    });
+  }
+
+  // The Autograd kernel of fk::moe_swiglu_fp8.
+  static Result kernel(const at::Tensor& x, const at::Tensor& probs,
+                       const at::Tensor& tokens_per_expert, c10::string_view layout,
+                       bool pow2_scales, bool return_h) {
+    if (!return_h || !detail::records({&x, &probs})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(x, probs, tokens_per_expert, layout, pow2_scales, return_h);
+    }
+    auto out = apply(x, probs, tokens_per_expert, layout, pow2_scales);
+    const auto c = detail::fp8_copies(layout, out);
+    return {c[0], c[1], c[2], c[3], out.back()};
+  }
+
+ private:
+  static Result call(const at::Tensor& x, const at::Tensor& probs,
+                     const at::Tensor& tokens_per_expert, c10::string_view layout,
+                     bool pow2_scales, bool return_h) {
+    static const auto op =
+        detail::op<Result(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                          c10::string_view, bool, bool)>(kOp);
+    return op.call(x, probs, tokens_per_expert, layout, pow2_scales, return_h);
   }
 };
 
@@ -2077,6 +2239,91 @@ class MoeUnpermuteFunction : public torch::autograd::Function<MoeUnpermuteFuncti
   }
 };
 
+// --- moe_permute_fp8: on fk::moe_permute_fp8 (only permuted_probs carries a gradient) ------
+
+// As in Python: the quantized copies carry no gradient (an FP8 tensor cannot), the row map
+// and the counts are integers, so only permuted_probs is differentiable, in probs (as
+// fk::moe_permute's): dprobs[t, e] is its gradient at row row_id_map[t, e], 0 where token t
+// is not routed to expert e. The tokens get none here: their gradient is fk::moe_unpermute of
+// the permuted rows' gradient, which the FP8 GEMM's backward gives
+// (python/fk/ops/moe_permute_fp8.py). The backward is that gather in ATen operators, as
+// Python's.
+class MoePermuteFp8Function : public torch::autograd::Function<MoePermuteFp8Function> {
+ public:
+  static constexpr const char* kOp = "fk::moe_permute_fp8";
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                            at::Tensor, at::Tensor>;
+
+  // Returns the defined outputs: the copies of the layout, permuted_probs (probs is given
+  // here), row_id_map, tokens_per_expert.
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& tokens,
+                               const at::Tensor& routing_map,
+                               const std::optional<at::Tensor>& probs, int64_t pad_to,
+                               std::optional<int64_t> num_out_rows, c10::string_view layout,
+                               bool pow2_scales) {
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [q, s, qt, st, pp, row_map, tpe] =
+        call(tokens, routing_map, probs, pad_to, num_out_rows, layout, pow2_scales);
+    ctx->save_for_backward({row_map});
+    ctx->mark_non_differentiable(detail::defined({q, s, qt, st, row_map, tpe}));
+    // Undefined outputs are left out (a C++ Function cannot return them).
+    return detail::defined({q, s, qt, st, pp, row_map, tpe});
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor grad_pp = grads[grads.size() - 3];
+    // needs_input_grad counts tensor inputs only: probs is input 2
+    if (!grad_pp.defined() || !ctx->needs_input_grad(2)) return variable_list(7);
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& row_map = saved[0];
+    return detail::once_differentiable(kOp, grads, {}, [&](bool) {
+      at::Tensor dprobs;
+      if (grad_pp.numel() == 0) {
+        // No rows, so nothing routed: nothing to gather (Python's formula raises an
+        // IndexError here).
+        dprobs = at::zeros(row_map.sizes(), grad_pp.options());
+      } else {
+        const at::Tensor rows = row_map.clamp_min(0).to(at::kLong);
+        dprobs = at::where(row_map.ge(0),
+                           grad_pp.index_select(0, rows.reshape({-1})).view_as(rows),
+                           at::zeros({}, grad_pp.options()));
+      }
+      variable_list out(7);
+      out[2] = dprobs;
+      return out;
+    });
+  }
+
+  // The Autograd kernel of fk::moe_permute_fp8. Without probs no output is differentiable:
+  // the op runs below autograd (Python's formula marks them all non-differentiable).
+  static Result kernel(const at::Tensor& tokens, const at::Tensor& routing_map,
+                       const std::optional<at::Tensor>& probs, int64_t pad_to,
+                       std::optional<int64_t> num_out_rows, c10::string_view layout,
+                       bool pow2_scales) {
+    const bool has_probs = probs.has_value() && probs->defined();
+    if (!has_probs || !detail::records({&tokens, detail::ptr(probs)})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call(tokens, routing_map, probs, pad_to, num_out_rows, layout, pow2_scales);
+    }
+    auto out = apply(tokens, routing_map, probs, pad_to, num_out_rows, layout, pow2_scales);
+    const auto c = detail::fp8_copies(layout, out);
+    const size_t n = out.size();  // the copies, permuted_probs, row_id_map, tokens_per_expert
+    return {c[0], c[1], c[2], c[3], out[n - 3], out[n - 2], out[n - 1]};
+  }
+
+ private:
+  static Result call(const at::Tensor& tokens, const at::Tensor& routing_map,
+                     const std::optional<at::Tensor>& probs, int64_t pad_to,
+                     std::optional<int64_t> num_out_rows, c10::string_view layout,
+                     bool pow2_scales) {
+    static const auto op =
+        detail::op<Result(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                          int64_t, std::optional<int64_t>, c10::string_view, bool)>(kOp);
+    return op.call(tokens, routing_map, probs, pad_to, num_out_rows, layout, pow2_scales);
+  }
+};
+
 namespace detail {
 
 // The Autograd kernels, on the operators Python registers its formulas on.
@@ -2085,6 +2332,9 @@ inline void register_kernels(torch::Library& m) {
   m.impl("geglu", &GegluFunction::kernel);
   m.impl("_rms_norm_forward", &RmsNormFunction::kernel);
   m.impl("rms_norm_fp8", &RmsNormFp8Function::kernel);
+  m.impl("fp8_quantize", &Fp8QuantizeKernel::kernel);
+  m.impl("swiglu_fp8", &SwigluFp8Function::kernel);
+  m.impl("moe_swiglu_fp8", &MoeSwigluFp8Function::kernel);
   m.impl("_neighborhood_attention_forward", &NeighborhoodAttentionFunction::kernel);
   m.impl("_layer_norm_forward", &LayerNormFunction::kernel);
   m.impl("softmax", &SoftmaxFunction::kernel);
@@ -2108,6 +2358,7 @@ inline void register_kernels(torch::Library& m) {
   m.impl("fused_linear_jsd", &FusedLinearJsdFunction::kernel);
   m.impl("moe_permute", &MoePermuteFunction::kernel);
   m.impl("moe_unpermute", &MoeUnpermuteFunction::kernel);
+  m.impl("moe_permute_fp8", &MoePermuteFp8Function::kernel);
 }
 
 }  // namespace detail
@@ -2121,7 +2372,10 @@ inline void register_kernels(torch::Library& m) {
 //                         fk::cross_entropy, fk::fused_linear_cross_entropy, fk::jsd,
 //                         fk::kl_div (which refuses a target that requires grad), fk::tvd,
 //                         fk::fused_linear_jsd, fk::moe_permute, fk::moe_unpermute,
-//                         fk::rms_norm_fp8 (through y only);
+//                         fk::rms_norm_fp8 (through y only), fk::swiglu_fp8 and
+//                         fk::moe_swiglu_fp8 (through h only), fk::moe_permute_fp8
+//                         (through permuted_probs only), fk::fp8_quantize (not
+//                         differentiable: called below autograd);
 //   the internal forward: fk::_rms_norm_forward, fk::_fused_add_rms_norm_forward,
 //                         fk::_layer_norm_forward, fk::_swiglu_linear_forward,
 //                         fk::_poly_norm_forward, fk::_group_norm_forward,

@@ -4,7 +4,7 @@ fk::cross_entropy, forward and backward, with the autograd formulas that
 fk::register_autograd() registers from include/fk/autograd.h), training through them, a
 TorchScript module exported by examples/torchscript_export.py, loaded with torch::jit::load
 and differentiated; and fk_autograd_check, every formula of include/fk/autograd.h against
-finite differences."""
+finite differences (the FP8 ops', which take no float64, against float32 references)."""
 import os
 import re
 import shutil
@@ -39,12 +39,17 @@ SCRIPT_CHECKS = ["torchscript forward vs C++ reference", "torchscript forward vs
                  "torchscript backward grad_input", "torchscript backward grad_norm_weight",
                  "torchscript backward grad_gate_weight", "torchscript backward grad_up_weight",
                  "torchscript backward grad_down_weight"]
-# fk_autograd_check: at least one check per formula of include/fk/autograd.h.
+# fk_autograd_check: at least one check per formula of include/fk/autograd.h: a gradcheck and
+# a double backward per op; for an op none of whose outputs carries a gradient
+# (NOT_DIFFERENTIABLE_OPS), a check that no output requires grad instead. rms_norm_fp8's
+# checks have lines of their own (test_autograd_formulas).
 AUTOGRAD_OPS = ["swiglu", "geglu", "rms_norm", "fused_add_rms_norm", "layer_norm", "softmax",
                 "rope", "swiglu_linear", "cross_entropy", "fused_linear_cross_entropy", "jsd",
                 "kl_div", "tvd", "fused_linear_jsd", "dyt", "poly_norm", "sparsemax",
                 "llama4_rope", "qwen2vl_mrope", "group_norm", "neighborhood_attention",
-                "moe_permute", "moe_unpermute", "qkv_split_norm_rope", "gated_group_rms_norm"]
+                "moe_permute", "moe_unpermute", "qkv_split_norm_rope", "gated_group_rms_norm",
+                "fp8_quantize", "swiglu_fp8", "moe_swiglu_fp8", "moe_permute_fp8"]
+NOT_DIFFERENTIABLE_OPS = {"fp8_quantize"}
 
 
 def _tool(name: str) -> str:
@@ -115,6 +120,12 @@ def _ok_lines(stdout: str) -> set:
             for line in stdout.splitlines() if line.startswith("OK ")}
 
 
+def _names(line: str, check: str, op: str) -> bool:
+    """Whether the OK line is a `check` ("gradcheck") of `op`: the op's whole name, so that
+    "swiglu" is not satisfied by a check of "swiglu_fp8"."""
+    return line == f"{check} {op}" or line.startswith(f"{check} {op} ")
+
+
 def test_example_runs_as_built(example_binary):
     """No LD_LIBRARY_PATH: the program finds libfk, torch and their dependencies by itself."""
     proc = _run_example(example_binary)
@@ -163,15 +174,20 @@ def test_example_reports_load_error(example_binary, tmp_path):
 
 def test_autograd_formulas(autograd_check_binary):
     """Every formula of include/fk/autograd.h, registered by fk::register_autograd(), against
-    finite differences (float64, CPU backend); double backwards raise; in-place options."""
+    finite differences (float64, CPU backend; the FP8 ops, which take no float64, against
+    independent float32 paths); double backwards raise; in-place options; no output of
+    fk::fp8_quantize requires grad."""
     proc = _run_example(autograd_check_binary)
     assert proc.returncode == 0, _output(proc)
     assert "FAIL" not in proc.stdout, _output(proc)
     ok = _ok_lines(proc.stdout)
     assert "all checks passed" in ok, _output(proc)
     for op in AUTOGRAD_OPS:
-        assert any(line.startswith(f"gradcheck {op}") for line in ok), (op, _output(proc))
-        assert any(line.startswith(f"double backward raises {op}") for line in ok), (
+        if op in NOT_DIFFERENTIABLE_OPS:
+            assert f"{op} outputs do not require grad" in ok, (op, _output(proc))
+            continue
+        assert any(_names(line, "gradcheck", op) for line in ok), (op, _output(proc))
+        assert any(_names(line, "double backward raises", op) for line in ok), (
             op, _output(proc))
     for line in ("rope_ refuses q and k that require grad",
                  "swiglu backward_in_place writes into a and b",
