@@ -397,31 +397,39 @@ def moe_routed_count(map_row, E, N, BE: tl.constexpr):
 
 
 @triton.jit
-def moe_routed(map_row, w_row, E, N, jb, has_w, KB: tl.constexpr, BE: tl.constexpr):
-    """The token's routed entries number jb .. jb + KB - 1 in expert order: their rows
-    (int64), weights (fp32, read at w_row; 1 without has_w) and experts (int64), and which
-    of the KB exist. The j-th routed entry is picked out of each BE-wide chunk of the row by
-    a masked sum, so that any E and any number of experts per token work."""
-    j = jb + tl.arange(0, KB)
-    rows = tl.zeros((KB,), dtype=tl.int64)
+def moe_routed(map_row, w_row, E, N, prev, has_w, KB: tl.constexpr, BE: tl.constexpr):
+    """The token's next KB routed entries in expert order, those of the experts above
+    ``prev`` (-1 for the first ones): their rows (int64), weights (fp32, read at w_row; 1
+    without has_w) and experts (int64), which of the KB exist, and the last expert picked
+    (the ``prev`` of the call for the KB after them; only called again when all KB exist).
+    The j-th entry's expert is picked out of each BE-wide chunk of the row by a masked
+    minimum (in int32: E < 2^31), its weight by a masked sum of the chunk's weights (read
+    with the chunk), and its row is then read at that expert: one reduction of a (KB, BE)
+    tile a chunk without weights, where masked sums of rows, experts and weights took three
+    (benchmarks/NOTES.md v30)."""
+    j = tl.arange(0, KB)
+    none = E.to(tl.int32)
+    ex = tl.full((KB,), 0, dtype=tl.int32) + none
     w = tl.zeros((KB,), dtype=tl.float32)
-    ex = tl.zeros((KB,), dtype=tl.int64)
     seen = 0
     for e0 in range(0, E, BE):
         e = e0 + tl.arange(0, BE)
         emask = e < E
-        r = tl.load(map_row + e, mask=emask, other=-1).to(tl.int64)
-        m = (r >= 0) & (r < N)
+        r = tl.load(map_row + e, mask=emask, other=-1)
+        m = (r >= 0) & (r < N) & (e > prev)
         pos = seen + tl.cumsum(m.to(tl.int32), axis=0) - 1
         sel = m[None, :] & (pos[None, :] == j[:, None])
-        rows += tl.sum(tl.where(sel, r[None, :], 0), axis=1)
-        ex += tl.sum(tl.where(sel, e[None, :].to(tl.int64), 0), axis=1)
-        wv = tl.load(w_row + e, mask=emask & m & (has_w != 0), other=0.0).to(tl.float32)
-        w += tl.sum(tl.where(sel, wv[None, :], 0.0), axis=1)
+        ex = tl.minimum(ex, tl.min(tl.where(sel, e[None, :].to(tl.int32), none), axis=1))
+        if has_w != 0:
+            wv = tl.load(w_row + e, mask=emask & m, other=0.0).to(tl.float32)
+            w += tl.sum(tl.where(sel, wv[None, :], 0.0), axis=1)
         seen += tl.sum(m.to(tl.int32), axis=0)
+    valid = ex < none
+    ex = ex.to(tl.int64)
+    rows = tl.load(map_row + ex, mask=valid, other=0).to(tl.int64)
     if has_w == 0:
         w = tl.full((KB,), 1.0, dtype=tl.float32)
-    return rows, w, ex, j < seen
+    return rows, w, ex, valid, tl.max(tl.where(valid, ex, prev), axis=0)
 
 
 # --- RMSNorm pieces, shared by rms_norm and fused_add_rms_norm -----------------------------

@@ -31,9 +31,10 @@ Then one launch moves the data (int64 element offsets throughout):
   moe_permute_invert_kernel  src[row_map[t, e]] = t for every routed (t, e): the padding
         rows of a given row map, for the backward of moe_unpermute.
 
-A token's routed experts are found in its row of row_map, KB at a time: the j-th routed
-entry (in expert order) is picked out of each BE-wide chunk by a masked sum, so that any
-number of experts per token (and any E) works; up to KB experts per token take one pass.
+A token's routed experts are found in its row of row_map, KB at a time (_common.moe_routed):
+the j-th routed expert above the last one picked is found in each BE-wide chunk by a masked
+minimum, so that any number of experts per token (and any E) works; up to KB experts per
+token take one pass.
 Entries that are negative or not below N read as not routed.
 """
 import triton
@@ -130,8 +131,10 @@ def moe_permute_scatter_kernel(x_ptr, row_map_ptr, w_ptr, out_ptr, pin_ptr, pout
         t = pid.to(tl.int64)
         map_row = row_map_ptr + t * E
         cnt = moe_routed_count(map_row, E, N, BE)
+        last = tl.full((), -1, tl.int64)
         for jb in range(0, cnt, KB):
-            rows, w, ex, valid = moe_routed(map_row, w_ptr + t * E, E, N, jb, has_w, KB, BE)
+            rows, w, ex, valid, last = moe_routed(map_row, w_ptr + t * E, E, N, last, has_w,
+                                                  KB, BE)
             if want_pp != 0:
                 pv = tl.load(pin_ptr + t * E + ex, mask=valid, other=0.0)
                 tl.store(pout_ptr + rows, pv, mask=valid)
@@ -178,7 +181,8 @@ def moe_unpermute_gather_kernel(y_ptr, row_map_ptr, w_ptr, out_ptr, gpp_ptr, dp_
     t = tl.program_id(0).to(tl.int64)
     map_row = row_map_ptr + t * E
     w_row = w_ptr + t * E
-    rows, w, ex, valid = moe_routed(map_row, w_row, E, N, 0, has_w, KB, BE)
+    rows, w, ex, valid, last = moe_routed(map_row, w_row, E, N, tl.full((), -1, tl.int64),
+                                          has_w, KB, BE)
     cnt = tl.sum(valid.to(tl.int32), axis=0)
     if cnt == KB:  # maybe more than KB: count them all
         cnt = moe_routed_count(map_row, E, N, BE)
@@ -188,8 +192,10 @@ def moe_unpermute_gather_kernel(y_ptr, row_map_ptr, w_ptr, out_ptr, gpp_ptr, dp_
         v = tl.load(y_ptr + rows[:, None] * H + cols[None, :],
                     mask=valid[:, None] & cm[None, :], other=0.0).to(tl.float32)
         acc = tl.sum(v * w[:, None], axis=0)
+        prev = last
         for jb in range(KB, cnt, KB):
-            rows2, w2, ex2, valid2 = moe_routed(map_row, w_row, E, N, jb, has_w, KB, BE)
+            rows2, w2, ex2, valid2, prev = moe_routed(map_row, w_row, E, N, prev, has_w, KB,
+                                                      BE)
             v2 = tl.load(y_ptr + rows2[:, None] * H + cols[None, :],
                          mask=valid2[:, None] & cm[None, :], other=0.0).to(tl.float32)
             acc += tl.sum(v2 * w2[:, None], axis=0)

@@ -53,8 +53,9 @@ def moe_permute_fp8_scatter_kernel(x_ptr, row_map_ptr, q_ptr, s_ptr, pin_ptr, po
         t = pid.to(tl.int64)
         map_row = row_map_ptr + t * E
         cnt = moe_routed_count(map_row, E, N, BE)
+        last = tl.full((), -1, tl.int64)
         for jb in range(0, cnt, KB):
-            rows, w, ex, valid = moe_routed(map_row, map_row, E, N, jb, 0, KB, BE)
+            rows, w, ex, valid, last = moe_routed(map_row, map_row, E, N, last, 0, KB, BE)
             if want_pp != 0:
                 pv = tl.load(pin_ptr + t * E + ex, mask=valid, other=0.0)
                 tl.store(pout_ptr + rows, pv, mask=valid)
