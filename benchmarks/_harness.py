@@ -71,7 +71,9 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--tokens", default="1024,2048,4096,8192", help="comma-separated token counts")
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--modes", default="forward,full", help="forward, full or both")
+    p.add_argument("--modes", default="forward,full",
+                   help="comma-separated modes: forward, full (forward + backward), or both "
+                        "as forward,full (the default)")
     p.add_argument("--copy-bw", type=float, default=None,
                    help=f"copy bandwidth ceiling in B/s (default {H200_COPY_BW:.2e}, H200)")
     p.add_argument("--measure-ceiling", action="store_true",
@@ -94,6 +96,15 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def parse_modes(text: str) -> list:
+    """The modes of a --modes value ("forward,full"); an unknown or empty one is an error, not
+    a mode silently skipped."""
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        raise SystemExit(f"--modes {text!r}: give a comma-separated list of {', '.join(MODES)}")
+    return modes
+
+
 def setup(args) -> SimpleNamespace:
     """Resolve the CLI into the context the op benchmarks build their inputs from."""
     device = torch.device(args.device)
@@ -107,12 +118,13 @@ def setup(args) -> SimpleNamespace:
         torch.set_num_threads(1)  # tiny shapes: thread start-up would dominate, and vary
     if args.compile is None:
         args.compile = not (args.quick and device.type == "cpu")
+    modes = parse_modes(args.modes)
     dtype = DTYPES[args.dtype]
     return SimpleNamespace(
         args=args, model=model, device=device, dtype=dtype,
         elem=torch.empty((), dtype=dtype).element_size(),
         tokens=[int(t) for t in args.tokens.split(",") if t.strip()],
-        modes=[m for m in args.modes.split(",") if m in MODES])
+        modes=modes)
 
 
 def _sync(device):

@@ -155,7 +155,7 @@ def worker(rank, world, port, args):
     fns = providers(group, rank, world, args.linear)
     rows = []
     for tokens in [int(t) for t in args.tokens.split(",")]:
-        for mode in [m for m in args.modes.split(",") if m in H.MODES]:
+        for mode in H.parse_modes(args.modes):
             for name, fn in fns.items():
                 torch.manual_seed(tokens)  # the same inputs on every rank
                 t = torch.randint(0, v, (tokens,), device=device)
