@@ -1071,7 +1071,7 @@ void check_moe_permute_fp8() {
     });
   }
   {
-    // No rows at all: permuted_probs is empty, dprobs zero (Python's formula raises here).
+    // No rows at all: permuted_probs is empty, dprobs zero (as fk::moe_permute's).
     const std::string what = "gradcheck moe_permute_fp8 nothing routed vs moe_permute";
     guarded(what, [&] {
       std::string problem;

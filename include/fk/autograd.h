@@ -2280,8 +2280,7 @@ class MoePermuteFp8Function : public torch::autograd::Function<MoePermuteFp8Func
     return detail::once_differentiable(kOp, grads, {}, [&](bool) {
       at::Tensor dprobs;
       if (grad_pp.numel() == 0) {
-        // No rows, so nothing routed: nothing to gather (Python's formula raises an
-        // IndexError here).
+        // No rows, so nothing routed: nothing to gather, a zero gradient (as Python's).
         dprobs = at::zeros(row_map.sizes(), grad_pp.options());
       } else {
         const at::Tensor rows = row_map.clamp_min(0).to(at::kLong);
