@@ -190,6 +190,17 @@ std::tuple<at::Tensor, at::Tensor> input_grads(bool write_into_inputs, const at:
   return {a.detach(), b.detach()};
 }
 
+// The FP8 ops' quantized copies (data, scales, data_t, scales_t) from `out`, the defined
+// outputs a Function returned, copies first: the two of "rowwise" or "columnwise", or the
+// four of "both" (the op has checked the layout). The copies the layout leaves out are
+// undefined, as the op returns them.
+inline std::array<at::Tensor, 4> fp8_copies(c10::string_view layout, const variable_list& out) {
+  const std::string copies(layout);
+  if (copies == "rowwise") return {out[0], out[1], at::Tensor(), at::Tensor()};
+  if (copies == "columnwise") return {at::Tensor(), at::Tensor(), out[0], out[1]};
+  return {out[0], out[1], out[2], out[3]};
+}
+
 }  // namespace detail
 
 // --- swiglu: on fk::swiglu (the backward needs only a and b) -------------------------------
@@ -426,12 +437,9 @@ class RmsNormFp8Function : public torch::autograd::Function<RmsNormFp8Function> 
                 "return_norm=True (the quantized copies are y for autograd), or call under "
                 "torch.no_grad()");
     auto out = apply(x, weight, eps, layout, pow2_scales);
+    const auto c = detail::fp8_copies(layout, out);
     const size_t n = out.size();  // the copies of the layout, rstd, y
-    const std::string copies(layout);
-    const at::Tensor none;
-    if (copies == "rowwise") return {out[0], out[1], none, none, out[n - 2], out[n - 1]};
-    if (copies == "columnwise") return {none, none, out[0], out[1], out[n - 2], out[n - 1]};
-    return {out[0], out[1], out[2], out[3], out[n - 2], out[n - 1]};
+    return {c[0], c[1], c[2], c[3], out[n - 2], out[n - 1]};
   }
 
  private:
@@ -466,21 +474,6 @@ struct Fp8QuantizeKernel {
     return op.call(x, block_rows, layout, pow2_scales);
   }
 };
-
-namespace detail {
-
-// The FP8 ops' quantized copies (data, scales, data_t, scales_t) from `out`, the defined
-// outputs a Function returned, copies first: the two of "rowwise" or "columnwise", or the
-// four of "both" (the op has checked the layout). The copies the layout leaves out are
-// undefined, as the op returns them.
-inline std::array<at::Tensor, 4> fp8_copies(c10::string_view layout, const variable_list& out) {
-  const std::string copies(layout);
-  if (copies == "rowwise") return {out[0], out[1], at::Tensor(), at::Tensor()};
-  if (copies == "columnwise") return {at::Tensor(), at::Tensor(), out[0], out[1]};
-  return {out[0], out[1], out[2], out[3]};
-}
-
-}  // namespace detail
 
 // --- swiglu_fp8 / moe_swiglu_fp8: on the public ops (the gradient enters through h) -------
 
@@ -2278,16 +2271,12 @@ class MoePermuteFp8Function : public torch::autograd::Function<MoePermuteFp8Func
     auto saved = ctx->get_saved_variables();
     const at::Tensor& row_map = saved[0];
     return detail::once_differentiable(kOp, grads, {}, [&](bool) {
-      at::Tensor dprobs;
-      if (grad_pp.numel() == 0) {
-        // No rows, so nothing routed: nothing to gather, a zero gradient (as Python's).
-        dprobs = at::zeros(row_map.sizes(), grad_pp.options());
-      } else {
-        const at::Tensor rows = row_map.clamp_min(0).to(at::kLong);
-        dprobs = at::where(row_map.ge(0),
-                           grad_pp.index_select(0, rows.reshape({-1})).view_as(rows),
-                           at::zeros({}, grad_pp.options()));
-      }
+      // As Python's: rows past grad_pp's end read the appended zero (the entries not
+      // routed, -1, and every entry when there are no rows at all).
+      const int64_t n = grad_pp.size(0);
+      const at::Tensor padded = at::cat({grad_pp, at::zeros({1}, grad_pp.options())});
+      const at::Tensor rows = at::where(row_map.ge(0), row_map, n).to(at::kLong);
+      const at::Tensor dprobs = padded.index_select(0, rows.reshape({-1})).view_as(rows);
       variable_list out(7);
       out[2] = dprobs;
       return out;
