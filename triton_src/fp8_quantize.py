@@ -15,9 +15,10 @@ column-wise one alone; FORMS):
 ``want_row`` / ``want_col`` choose which copies are written. The aligned variants of the
 1 x 128 forms with a column-wise copy (PACKED) read the tile as four slabs of interleaved
 rows and store that copy as 32-bit words of four rows' float8 bytes: the same bytes, with a
-quarter as many elements through the transpose; the one writing both copies runs over a
-persistent grid, each program loading its next tile while it quantizes the current one
-(PERSISTENT). Scale of a block with amax
+quarter as many elements through the transpose. The one writing both copies also has a form
+over a persistent grid, each program loading its next tile while it quantizes the current one
+(PERSISTENT), built as its variant for GPUs of less than 4 TB/s (FLAG_LOW_BANDWIDTH). Scale of
+a block with amax
 a = max |x|: s = max(a / 448, 2^-126) (a correctly rounded fp32 division), 1.0 for an
 all-zero block, rounded up to a power of two when ``pow2 != 0``, NaN when the block holds
 an inf or a NaN.
@@ -34,8 +35,8 @@ sm_80 has no FP8 conversions.
 import triton
 import triton.language as tl
 
-from _common import (DTYPES, FLAG_ALIGNED, Variant, aligned_args, fp8_amax,
-                     fp8_store_1x128, fp8_store_packed)
+from _common import (DTYPES, FLAG_ALIGNED, FLAG_LOW_BANDWIDTH, Variant, aligned_args,
+                     fp8_amax, fp8_store_1x128, fp8_store_packed)
 from _common import fp8_quantize_values as _quantize
 from _common import fp8_scale as _scale
 
@@ -58,10 +59,15 @@ FORMS = ((0, 128, 128, 8), (FLAG_ROWS, 32, 128, 4), (FLAG_COLS, 128, 32, 4),
 # bf16 on an H100: 92.6 us at v21's 1 per SM and 8 warps, 79.6 lean at that config, 62.4 lean
 # here; benchmarks/NOTES.md v24).
 PACKED_WARPS = {0: 4, FLAG_COLS: 2}
-# Packed forms run over a persistent grid of this many programs per multiprocessor
-# (PERSISTENT; the launcher reads it from the variant): both copies (v21: 0.103 -> 0.091 ms at
-# 1 per SM, 8 warps, on an H100; 0.102 -> 0.090 ms on an H200). The column-wise copy alone
-# stays one tile a program (56.7 us against 66.7 at best over a persistent grid, H100).
+# Packed forms with a variant over a persistent grid of this many programs per multiprocessor
+# (PERSISTENT; the launcher reads it from the variant), for GPUs of less than 4 TB/s only
+# (FLAG_LOW_BANDWIDTH): both copies. It was the faster form on both GPUs while the
+# quantization was heavier (v21: 0.103 -> 0.091 ms on an H100, 0.102 -> 0.090 on an H200) and
+# is the H100's measured config (v24: 62.4 us at 8192 x 4096 bf16); since the leaner
+# quantization, one tile a program is 9-16 % faster on an H200 (five shapes; the library at
+# 8192 x 4096 bf16: 0.0490 -> 0.0429 ms; benchmarks/NOTES.md v31). The column-wise copy alone
+# stays one tile a program everywhere (56.7 us against 66.7 at best over a persistent grid,
+# H100).
 PERSISTENT_PER_SM = {0: 2}
 
 
@@ -188,13 +194,17 @@ def variants(arch: int) -> list:
             for aligned in (0, FLAG_ALIGNED):
                 flags = form | aligned
                 packed = int(bool(aligned) and form in PACKED_WARPS)
-                out.append(Variant(family="fp8_quantize", kernel="fp8_quantize_kernel",
-                                   dtype=dt, block=TILE, signature=sig,
-                                   constexprs={"TILE_M": tile_m, "TILE_K": tile_k,
-                                               "PACKED": packed,
-                                               "PERSISTENT": PERSISTENT_PER_SM.get(form, 0)
-                                               if packed else 0},
-                                   num_warps=PACKED_WARPS[form] if packed else warps,
-                                   flags=flags,
-                                   divisible_by_16=aligned_args(sig, flags, ("M", "K"))))
+                # (extra flags, programs per SM): one tile a program; and where the form has
+                # one, the persistent grid for GPUs of less than 4 TB/s
+                grids = [(0, 0)]
+                if packed and form in PERSISTENT_PER_SM:
+                    grids.append((FLAG_LOW_BANDWIDTH, PERSISTENT_PER_SM[form]))
+                for extra, per_sm in grids:
+                    out.append(Variant(family="fp8_quantize", kernel="fp8_quantize_kernel",
+                                       dtype=dt, block=TILE, signature=sig,
+                                       constexprs={"TILE_M": tile_m, "TILE_K": tile_k,
+                                                   "PACKED": packed, "PERSISTENT": per_sm},
+                                       num_warps=PACKED_WARPS[form] if packed else warps,
+                                       flags=flags | extra,
+                                       divisible_by_16=aligned_args(sig, flags, ("M", "K"))))
     return out

@@ -157,29 +157,36 @@ def test_interpreter_persistent_path(dtype, form, programs, shape):
 
 
 def test_variants_cover_every_dtype():
-    """sm_90 and newer: per input dtype, one float8 variant per form and alignment; sm_80
-    (which serves all of 8.x): none, so the launcher's capability check is what an 8.x GPU
-    meets."""
+    """sm_90 and newer: per input dtype, one float8 variant per form and alignment, plus the
+    aligned both-copies form's variant for GPUs of less than 4 TB/s; sm_80 (which serves all
+    of 8.x): none, so the launcher's capability check is what an 8.x GPU meets."""
     mod = load_triton_src("fp8_quantize")
+    low = mod.FLAG_LOW_BANDWIDTH
     assert mod.variants(80) == []
     forms = (0, mod.FLAG_ROWS, mod.FLAG_COLS, mod.FLAG_WEIGHT)
     for arch in (90, 100, 120):
         vs = mod.variants(arch)
         assert sorted((v.dtype, v.flags) for v in vs) == sorted(
-            (dt, f | a) for dt in ("bf16", "fp16", "fp32") for f in forms for a in (0, 1))
+            [(dt, f | a) for dt in ("bf16", "fp16", "fp32") for f in forms for a in (0, 1)]
+            + [(dt, 1 | low) for dt in ("bf16", "fp16", "fp32")])
         for v in vs:
             assert ("M" in v.divisible_by_16) == bool(v.flags & 1)
             assert v.signature["q_ptr"] == v.signature["qt_ptr"] == "*fp8e4nv"
             assert v.signature["x_ptr"] == f"*{v.dtype}" and v.block == 128
-            form = next(f for f in mod.FORMS if f[0] == v.flags & ~1)
+            form = next(f for f in mod.FORMS if f[0] == v.flags & ~(1 | low))
             assert (v.constexprs["TILE_M"], v.constexprs["TILE_K"]) == form[1:3]
             # the word stores need M % 4 == 0: aligned variants of 1 x 128 forms with qt only
             assert v.constexprs["PACKED"] == int(bool(v.flags & 1) and form[0] in (
                 0, mod.FLAG_COLS))
-            # the persistent grid (programs per SM): packed variants of both copies only
-            persistent = v.constexprs["PACKED"] == 1 and form[0] == 0
-            assert v.constexprs["PERSISTENT"] == (mod.PERSISTENT_PER_SM[0] if persistent else 0)
-            assert (v.constexprs["PERSISTENT"] >= 1) == persistent
+            # the persistent grid (programs per SM): the low-bandwidth variant only, which
+            # differs from its default twin in nothing else
+            assert v.constexprs["PERSISTENT"] == (mod.PERSISTENT_PER_SM[0] if v.flags & low
+                                                  else 0)
+            if v.flags & low:
+                twin = next(u for u in vs if u.dtype == v.dtype and u.flags == v.flags & ~low)
+                assert twin.num_warps == v.num_warps and twin.divisible_by_16 == v.divisible_by_16
+                assert dict(twin.constexprs, PERSISTENT=v.constexprs["PERSISTENT"]) == \
+                    v.constexprs
 
 
 # --- level 2: the CPU backend -----------------------------------------------------------
@@ -462,6 +469,42 @@ def test_cuda_matches_cpu(dtype, block, layout, shape):
         for xx in (x, misaligned(x)):
             poison_cuda_cache()
             check_against_ref(xx, block, layout, pow2)
+
+
+_LOW_BANDWIDTH_SCRIPT = """
+import sys
+import torch
+import fk
+assert torch.ops.fk._memory_bandwidth_gbps(0) == 3000.0
+cases = torch.load(sys.argv[1])
+torch.save([[t.cpu() for t in fk.fp8_quantize(x.cuda(), layout="both", pow2_scales=p)]
+            for x, p in cases], sys.argv[2])
+"""
+
+
+@pytest.mark.cuda
+def test_cuda_low_bandwidth_variant(tmp_path):
+    """Where the device reads below 4 TB/s (FK_MEMORY_BANDWIDTH_GBPS=3000, in a child
+    process), both copies of aligned inputs come from the variant over a persistent grid
+    (FLAG_LOW_BANDWIDTH): bit for bit the reference, as the default variant's are
+    (test_cuda_matches_cpu). Shapes of one tile, of partial tiles, and of more tiles than
+    programs (walked unevenly)."""
+    if not _fp8_gpu():
+        pytest.skip("no FP8 GPU (compute capability < 9.0)")
+    import os
+    import subprocess
+    import sys
+    cases = [(randn(m, k, dtype=dt, scale=5.0), p)
+             for dt in DTYPES for m, k in ((128, 128), (144, 400)) for p in (False, True)]
+    cases.append((randn(4096, 4096, dtype=torch.bfloat16, scale=5.0), False))
+    torch.save(cases, tmp_path / "in.pt")
+    r = subprocess.run([sys.executable, "-c", _LOW_BANDWIDTH_SCRIPT, str(tmp_path / "in.pt"),
+                        str(tmp_path / "out.pt")], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, FK_MEMORY_BANDWIDTH_GBPS="3000"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    for (x, p), got in zip(cases, torch.load(tmp_path / "out.pt"), strict=True):
+        for i, (g, w) in enumerate(zip(got, ref_quantize(x, (1, 128), p), strict=True)):
+            same(g, w.to(FP8) if i % 2 == 0 else w)
 
 
 @pytest.mark.cuda
