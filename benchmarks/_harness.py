@@ -153,10 +153,12 @@ def bench_ms(fn, device, warmup=25.0, rep=100.0, grads=()):
     return statistics.median(once() for _ in range(max(5, min(1000, int(rep / est)))))
 
 
-def kernel_ms(fn, device, iters=10, grads=()):
+def kernel_ms(fn, device, iters=10, grads=(), names=None):
     """GPU time of ``fn()`` in ms: the summed duration of the kernels (and copies) it runs,
     from torch.profiler, median over ``iters`` calls with the L2 cache flushed before each.
-    Gaps between kernels (Python, dispatcher, autograd and launch overhead) are not in it."""
+    Gaps between kernels (Python, dispatcher, autograd and launch overhead) are not in it.
+    With ``names``, only the kernels whose name holds one of those strings count (so that
+    fn may also restore its inputs, untimed)."""
     from torch.profiler import ProfilerActivity, profile
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
     times = []
@@ -168,7 +170,8 @@ def kernel_ms(fn, device, iters=10, grads=()):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             _sync(device)
-        times.append(sum(e.device_time_total for e in prof.key_averages()) / 1e3)
+        times.append(sum(e.device_time_total for e in prof.key_averages()
+                         if names is None or any(n in e.key for n in names)) / 1e3)
     return statistics.median(times[2:])
 
 

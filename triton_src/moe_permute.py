@@ -49,7 +49,12 @@ KB = 8  # routed entries per token handled per pass
 BE = 128  # experts per chunk of the compaction
 BT_MAP = 64  # tokens per block of the map kernels
 BE_MAP = 64  # experts per block of the map kernels
-NBB = 64  # token blocks per step of the scan
+# The scan: token blocks per step and experts per program; each program's steps are one
+# dependent chain, so fewer, taller steps over more programs (H200, 8192 tokens x 256
+# experts: 3.74 us at 64 x 64, 2.11 at these; tune_moe_permute.py --part map,
+# benchmarks/NOTES.md v31)
+NBB = 128
+BE_SCAN = 16
 ZR = 32  # rows per zeroing program of the scatter kernel
 
 
@@ -211,17 +216,18 @@ def moe_unpermute_gather_kernel(y_ptr, row_map_ptr, w_ptr, out_ptr, gpp_ptr, dp_
 
 
 _MAP_KERNELS = {
-    # family: (kernel, arguments, types, constexprs)
+    # family: (kernel, arguments, constexprs, warps). The count at one warp: 3.65 -> 2.78 us
+    # on an H200 at 8192 tokens x 256 experts (tune_moe_permute.py --part map; NOTES.md v31).
     "moe_permute_count": ("moe_permute_count_kernel", ("map_ptr", "blk_ptr", "T", "E"),
-                          {"BT": BT_MAP, "BE": BE_MAP}),
+                          {"BT": BT_MAP, "BE": BE_MAP}, 1),
     "moe_permute_scan": ("moe_permute_scan_kernel", ("blk_ptr", "tpe_ptr", "NB", "E", "pad_to"),
-                         {"NBB": NBB, "BE": BE_MAP}),
+                         {"NBB": NBB, "BE": BE_SCAN}, 4),
     "moe_permute_map": ("moe_permute_map_kernel",
                         ("map_ptr", "blk_ptr", "tpe_ptr", "row_map_ptr", "src_ptr", "ok_ptr",
-                         "T", "E", "N"), {"BT": BT_MAP, "BE": BE_MAP}),
+                         "T", "E", "N"), {"BT": BT_MAP, "BE": BE_MAP}, 4),
     "moe_permute_invert": ("moe_permute_invert_kernel",
                            ("row_map_ptr", "src_ptr", "T", "E", "N"),
-                           {"BT": BT_MAP, "BE": BE_MAP}),
+                           {"BT": BT_MAP, "BE": BE_MAP}, 4),
 }
 _INT_TYPES = {"map_ptr": "*i8", "blk_ptr": "*i32", "tpe_ptr": "*i32", "row_map_ptr": "*i32",
               "src_ptr": "*i32", "ok_ptr": "*i8", "T": "i64", "E": "i64", "N": "i64", "NB": "i64",
@@ -253,11 +259,11 @@ def variants(arch: int) -> list:
     for dt in DTYPES:
         # the map kernels do not depend on the tokens' dtype; they are built per dtype so
         # that the op picks them with the tokens like every other kernel
-        for family, (kernel, args, cx) in _MAP_KERNELS.items():
+        for family, (kernel, args, cx, warps) in _MAP_KERNELS.items():
             sig = {a: _INT_TYPES[a] for a in args}
             sig.update({k: "constexpr" for k in cx})
             out.append(Variant(family=family, kernel=kernel, dtype=dt, block=1, signature=sig,
-                               constexprs=dict(cx), num_warps=4))
+                               constexprs=dict(cx), num_warps=warps))
         for family, (kernel, args, cx) in _MOVE_KERNELS.items():
             for flags in (0, FLAG_ALIGNED, FLAG_PROBS_F32, FLAG_ALIGNED | FLAG_PROBS_F32):
                 if dt == "fp32" and flags & FLAG_PROBS_F32:

@@ -52,13 +52,16 @@ def check_permute(out, tokens, rmap, probs, pad_to, num_out_rows=None):
 
 # --- level 1: the Triton source under the interpreter ---------------------------------------
 
-def _interp_map(mod, rmap, pad_to, n=None, bt=8, be=4, nbb=2):
+def _interp_map(mod, rmap, pad_to, n=None, bt=8, be=4, nbb=2, be_scan=2):
+    """The three map kernels; the scan over its own expert chunks (be_scan), as the
+    library's is."""
     t, e = rmap.shape
     nb, ne = cdiv(t, bt), cdiv(e, be)
     blk = torch.full((nb, e), -7, dtype=torch.int32)
     mod.moe_permute_count_kernel[(nb, ne)](rmap, blk, t, e, BT=bt, BE=be)
     tpe = torch.full((e,), -7, dtype=torch.int32)
-    mod.moe_permute_scan_kernel[(ne,)](blk, tpe, nb, e, pad_to, NBB=nbb, BE=be)
+    mod.moe_permute_scan_kernel[(cdiv(e, be_scan),)](blk, tpe, nb, e, pad_to, NBB=nbb,
+                                                     BE=be_scan)
     n = int(tpe.sum()) if n is None else n
     row_map = torch.full((t, e), -9, dtype=torch.int32)
     src = torch.full((n,), -1, dtype=torch.int32)
