@@ -54,4 +54,7 @@ inline int64_t moe_scale_rows(int64_t m, int64_t experts) {
 std::pair<Tensor, Tensor> fp8_quantize_segments(const Tensor& x,
                                                 const std::vector<int64_t>& counts, bool pow2);
 
+// The segments' row counts of a CPU integer tensor (tokens_per_expert), on the host.
+std::vector<int64_t> segment_counts(const Tensor& tokens_per_expert);
+
 }  // namespace fk::ops

@@ -94,6 +94,13 @@ std::pair<Tensor, Tensor> fp8_quantize_rows(const Tensor& x, bool pow2) {
   return {aten::contiguous(aten::narrow(q, 1, 0, c)), aten::contiguous(aten::t(s))};
 }
 
+// Declared in fp8_quantize.h.
+std::vector<int64_t> segment_counts(const Tensor& tokens_per_expert) {
+  auto c = aten::contiguous(aten::to(tokens_per_expert, kLong));
+  const auto* p = static_cast<const int64_t*>(c.data_ptr());
+  return std::vector<int64_t>(p, p + c.numel());
+}
+
 // Declared in fp8_quantize.h (the MoE ops' column-wise copy).
 std::pair<Tensor, Tensor> fp8_quantize_segments(const Tensor& x,
                                                 const std::vector<int64_t>& counts, bool pow2) {

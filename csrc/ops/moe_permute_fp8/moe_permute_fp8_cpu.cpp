@@ -1,7 +1,5 @@
 // CPU reference of fk::moe_permute_fp8: moe_permute's CPU reference, then fk::fp8_quantize's
 // reference of 1 x 128 blocks (row-wise, and per expert segment for the column-wise copy).
-#include <vector>
-
 #include "ops/moe_permute_fp8/moe_permute_fp8.h"
 #include "runtime/checks.h"
 
@@ -21,10 +19,7 @@ Out7 moe_permute_fp8_cpu(Tensor tokens, Tensor routing_map, std::optional<Tensor
   Tensor q, s, qt, st;
   if (want.rowwise) std::tie(q, s) = fp8_quantize_rows(pf, pow2_scales);
   if (want.columnwise) {
-    auto c = aten::contiguous(aten::to(tpe, kLong));
-    const auto* p = static_cast<const int64_t*>(c.data_ptr());
-    std::tie(qt, st) = fp8_quantize_segments(pf, std::vector<int64_t>(p, p + c.numel()),
-                                             pow2_scales);
+    std::tie(qt, st) = fp8_quantize_segments(pf, segment_counts(tpe), pow2_scales);
   }
   return {q, s, qt, st, pp, row_map, tpe};
 }

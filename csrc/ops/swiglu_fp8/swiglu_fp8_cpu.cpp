@@ -26,9 +26,7 @@ Tensor swiglu_h(const Tensor& x, const Tensor* probs) {
 
 // The token counts, after checking them (the CUDA kernels cannot without a host sync).
 std::vector<int64_t> counts_of(const Tensor& tpe, int64_t m) {
-  auto c = aten::contiguous(aten::to(tpe, kLong));
-  const auto* p = static_cast<const int64_t*>(c.data_ptr());
-  std::vector<int64_t> out(p, p + c.numel());
+  auto out = segment_counts(tpe);
   int64_t sum = 0;
   for (int64_t v : out) {
     FK_CHECK(v >= 0, kMoeSwigluFp8, ": tokens_per_expert must be >= 0, got ", v);
