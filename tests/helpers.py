@@ -392,6 +392,33 @@ def routing(t, e, k, device="cpu", empty=(), seed=0, dtype=torch.bool):
     return m.to(device=device, dtype=dtype), probs.to(device)
 
 
+def interp_row_map(rmap, pad_to, n=None, extra_rows=0, multiple=1, bt=8, be=4, nbb=2,
+                   be_scan=2):
+    """moe_permute's three map kernels (count, scan, map) under the interpreter, the scan over
+    its own expert chunks (be_scan) as the library's is; outputs poisoned first. The rows N
+    are n, or the padded segments' total plus extra_rows rounded up to a multiple. Returns
+    (tokens_per_expert, row_map, src, N), after checking the flag of the device-side
+    assert."""
+    mod = load_triton_src("moe_permute")
+    t, e = rmap.shape
+    nb, ne = cdiv(t, bt), cdiv(e, be)
+    blk = torch.full((nb, e), -7, dtype=torch.int32)
+    mod.moe_permute_count_kernel[(nb, ne)](rmap, blk, t, e, BT=bt, BE=be)
+    tpe = torch.full((e,), -7, dtype=torch.int32)
+    mod.moe_permute_scan_kernel[(cdiv(e, be_scan),)](blk, tpe, nb, e, pad_to, NBB=nbb,
+                                                     BE=be_scan)
+    if n is None:
+        n = int(tpe.sum()) + extra_rows
+        n += -n % multiple
+    row_map = torch.full((t, e), -9, dtype=torch.int32)
+    src = torch.full((n,), -1, dtype=torch.int32)
+    ok = torch.full((), -9, dtype=torch.int8)
+    mod.moe_permute_map_kernel[(nb, ne)](rmap, blk, tpe, row_map, src, ok, t, e, n, BT=bt,
+                                         BE=be)
+    assert int(ok) == int(int(tpe.sum()) <= n)  # the flag of the device-side assert
+    return tpe, row_map, src, n
+
+
 def ref_row_map(routing_map, pad_to):
     """(row_map (T, E) int64, -1 where not routed; padded counts (E,); routed pairs
     (tokens, experts, rows) in expert-major order), from a stable argsort of the routed

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import fk
-from helpers import (DTYPES, assert_close, cdiv, error_lines, load_triton_src, poison_cuda_cache,
-                     ref_permute, ref_row_map, routing)
+from helpers import (DTYPES, assert_close, cdiv, error_lines, interp_row_map, load_triton_src,
+                     poison_cuda_cache, ref_permute, ref_row_map, routing)
 
 
 # --- the reference (of moe_permute: tests/helpers.py) ---------------------------------------
@@ -52,26 +52,6 @@ def check_permute(out, tokens, rmap, probs, pad_to, num_out_rows=None):
 
 # --- level 1: the Triton source under the interpreter ---------------------------------------
 
-def _interp_map(mod, rmap, pad_to, n=None, bt=8, be=4, nbb=2, be_scan=2):
-    """The three map kernels; the scan over its own expert chunks (be_scan), as the
-    library's is."""
-    t, e = rmap.shape
-    nb, ne = cdiv(t, bt), cdiv(e, be)
-    blk = torch.full((nb, e), -7, dtype=torch.int32)
-    mod.moe_permute_count_kernel[(nb, ne)](rmap, blk, t, e, BT=bt, BE=be)
-    tpe = torch.full((e,), -7, dtype=torch.int32)
-    mod.moe_permute_scan_kernel[(cdiv(e, be_scan),)](blk, tpe, nb, e, pad_to, NBB=nbb,
-                                                     BE=be_scan)
-    n = int(tpe.sum()) if n is None else n
-    row_map = torch.full((t, e), -9, dtype=torch.int32)
-    src = torch.full((n,), -1, dtype=torch.int32)
-    ok = torch.full((), -9, dtype=torch.int8)
-    mod.moe_permute_map_kernel[(nb, ne)](rmap, blk, tpe, row_map, src, ok, t, e, n, BT=bt,
-                                         BE=be)
-    assert int(ok) == int(int(tpe.sum()) <= n)  # the flag of the device-side assert
-    return tpe, row_map, src, n
-
-
 @pytest.mark.parametrize("k,pad_to", [(1, 1), (2, 4), (3, 4), (5, 16), (9, 3)])
 @pytest.mark.parametrize("with_probs", [True, False])
 def test_interpreter_permute(k, pad_to, with_probs):
@@ -80,7 +60,7 @@ def test_interpreter_permute(k, pad_to, with_probs):
     rmap, probs = routing(t, e, k, empty=(2,))
     rmap[5] = False  # a token routed nowhere
     x = _randn(t, h)
-    tpe, row_map, src, n = _interp_map(mod, rmap, pad_to, n=None)
+    tpe, row_map, src, n = interp_row_map(rmap, pad_to)
     n += 5  # trailing rows past the last segment
     src = torch.cat([src, torch.full((5,), -1, dtype=torch.int32)])
     out = torch.full((n, h), float("nan"))
@@ -99,9 +79,8 @@ def test_interpreter_permute(k, pad_to, with_probs):
 
 
 def test_interpreter_bound_too_small_writes_in_bounds_only():
-    mod = load_triton_src("moe_permute")
     rmap, _ = routing(20, 6, 3)
-    tpe, row_map, src, n = _interp_map(mod, rmap, 4, n=30)
+    tpe, row_map, src, n = interp_row_map(rmap, 4, n=30)
     assert int(tpe.sum()) > 30
     ref = ref_row_map(rmap, 4)[0]
     assert torch.equal(row_map.long(), torch.where(ref < 30, ref, -1))
@@ -113,7 +92,7 @@ def test_interpreter_unpermute_and_backward(dtype, k):
     mod = load_triton_src("moe_permute")
     t, e, h, pad_to = 29, 10, 19, 4
     rmap, probs = routing(t, e, k, empty=(0, 7))
-    _, row_map, src, n = _interp_map(mod, rmap, pad_to)
+    _, row_map, src, n = interp_row_map(rmap, pad_to)
     y = _randn(n, h, dtype=dtype, seed=3)
     probs32 = probs.float()
     kb, be = 2, 4

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import fk
-from helpers import (DTYPES, assert_close, cdiv, error_lines, load_triton_src, misaligned,
-                     poison_cuda_cache, randn, ref_permute, ref_quantize_rows,
+from helpers import (DTYPES, assert_close, cdiv, error_lines, interp_row_map, load_triton_src,
+                     misaligned, poison_cuda_cache, randn, ref_permute, ref_quantize_rows,
                      ref_quantize_segments, routing, same)
 
 FP8 = torch.float8_e4m3fn
@@ -49,23 +49,12 @@ def special_tokens(t, h, dtype):
 def _interp(tokens, rmap, probs, pad_to, layout, pow2, extra_rows=0, packed=0, fp8=False):
     """Runs moe_permute's map kernels, then this op's kernel for the layout; returns
     (q, s, qt, st, pout, row_map, tpe) as the reference has them."""
-    perm = load_triton_src("moe_permute")
     mod = load_triton_src("moe_permute_fp8")
     t, h = tokens.shape
     e = rmap.shape[1]
-    bt, be = 8, 4
-    nb, ne = cdiv(t, bt), cdiv(e, be)
-    blk = torch.zeros((nb, e), dtype=torch.int32)
-    perm.moe_permute_count_kernel[(nb, ne)](rmap, blk, t, e, BT=bt, BE=be)
-    tpe = torch.zeros((e,), dtype=torch.int32)
-    perm.moe_permute_scan_kernel[(ne,)](blk, tpe, nb, e, pad_to, NBB=2, BE=be)
-    n = int(tpe.sum()) + extra_rows
-    n += -n % 4 if fp8 else 0  # the slab form needs N % 4 == 0 (fp8: the runs compared with it)
-    row_map = torch.full((t, e), -9, dtype=torch.int32)
-    src = torch.full((n,), -1, dtype=torch.int32)
-    ok = torch.zeros((), dtype=torch.int8)
-    perm.moe_permute_map_kernel[(nb, ne)](rmap, blk, tpe, row_map, src, ok, t, e, n, BT=bt,
-                                          BE=be)
+    # the slab form needs N % 4 == 0 (fp8: the runs compared with it)
+    tpe, row_map, src, n = interp_row_map(rmap, pad_to, extra_rows=extra_rows,
+                                          multiple=4 if fp8 else 1)
     nk = cdiv(h, 128)
     rows_t = (n + 127 * e) // 128
     q, qt = torch.full((n, h), math.nan), torch.full((h, n), math.nan)
