@@ -109,18 +109,21 @@ def main():
         KB=K.KB, BE=K.BE, BLOCK_H=bh, num_warps=w),
         [un], [want_unperm], (t * k + t) * h * elem, 8e-3)
 
+
 def sweep_map(rmap, pad_to, n, wants, quick):
     """The count, scan and map kernels over their blocks and warps (one swept at a time, the
     others at the library's config), each checked, then timed alone."""
     t, e = rmap.shape
     dev = rmap.device
     m8 = rmap.view(torch.int8)
-    lib = {"count": (K.BT_MAP, K.BE_MAP, 1), "scan": (K.NBB, K.BE_SCAN, 4),
-                      "map": (K.BT_MAP, K.BE_MAP, 4)}
-    print(f"tokens {t}, {e} experts, {n} rows (pad_to {pad_to}); library count BT {lib['count'][0]} "
-          f"BE {lib['count'][1]} warps {lib['count'][2]}, scan NBB {lib['scan'][0]} BE "
-          f"{lib['scan'][1]} warps {lib['scan'][2]}, map BT {lib['map'][0]} BE {lib['map'][1]} "
-          f"warps {lib['map'][2]}", flush=True)
+    # the library's (block, block, warps) of each kernel, from its variants' table
+    lib = {}
+    for part, (first, second) in (("count", ("BT", "BE")), ("scan", ("NBB", "BE")),
+                                  ("map", ("BT", "BE"))):
+        _, _, cx, warps = K._MAP_KERNELS[f"moe_permute_{part}"]
+        lib[part] = (cx[first], cx[second], warps)
+    print(f"tokens {t}, {e} experts, {n} rows (pad_to {pad_to}); library (blocks, warps): "
+          + ", ".join(f"{p} {b0} x {b1}, {w}" for p, (b0, b1, w) in lib.items()), flush=True)
 
     def pipeline(count, scan, mapk):
         """The three launches at these (block, block, warps); returns the three kernels as
