@@ -2,6 +2,9 @@
 the float8 cast), CPU backend against a float64 reference of the format, round-trip error
 bound, opcheck, torch.compile, bad input, and the CUDA kernel (marker ``cuda``)."""
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -491,9 +494,6 @@ def test_cuda_low_bandwidth_variant(tmp_path):
     programs (walked unevenly)."""
     if not _fp8_gpu():
         pytest.skip("no FP8 GPU (compute capability < 9.0)")
-    import os
-    import subprocess
-    import sys
     cases = [(randn(m, k, dtype=dt, scale=5.0), p)
              for dt in DTYPES for m, k in ((128, 128), (144, 400)) for p in (False, True)]
     cases.append((randn(4096, 4096, dtype=torch.bfloat16, scale=5.0), False))
