@@ -16,7 +16,11 @@ Forms:
   packed (--packed): the library kernel's PACKED path (the tile read as four slabs of
     interleaved rows 4i + j; the column-wise copy's float8 bytes of rows 4i .. 4i + 3
     combined into one 32-bit word, so the transposed store moves a quarter as many
-    elements) against its plain path: checked bit for bit, then timed over warps.
+    elements) against its plain path, for 1 x 128 blocks (both copies, the column-wise
+    one) and 128 x 128 blocks (both copies, the row-wise one; PACKED=2): checked bit for
+    bit, then timed over warps.
+  rowwise (--rowwise): the row-wise copy of 1 x 128 blocks alone (plain path) over tile
+    rows and warps.
   persistent (--persistent): the library kernel's PERSISTENT path (the packed path over a
     persistent grid whose programs walk the tiles row-major with a stride of the grid, each
     loading its next tile's four slabs before it quantizes and stores the current one),
@@ -148,6 +152,8 @@ def main():
     ap.add_argument("--cols", type=int, default=4096)
     ap.add_argument("--forms", action="store_true", help="the candidate forms only")
     ap.add_argument("--packed", action="store_true", help="the packed form and the AOT tiles")
+    ap.add_argument("--rowwise", action="store_true",
+                    help="the row-wise copy of 1 x 128 blocks alone, over tiles and warps")
     ap.add_argument("--persistent", action="store_true",
                     help="the packed path over a persistent grid (PERSISTENT)")
     ap.add_argument("--device", default="cuda",
@@ -195,6 +201,15 @@ def main():
     print(f"chunked form equal to the library's kernel: {same}")
     if args.packed:
         return packed(x, q, s, qt, st, m, k, traffic, report)
+    if args.rowwise:
+        for tm in (8, 16, 32, 64, 128):
+            for warps in (1, 2, 4, 8):
+                g = (triton.cdiv(m, tm), triton.cdiv(k, 128))
+                report(f"rowwise TILE_M={tm:3d} warps={warps}",
+                       lambda: K.fp8_quantize_kernel[g](x, q, s, qt, st, m, k, 0, 1, 0, 0,
+                                                        TILE_M=tm, TILE_K=128,
+                                                        num_warps=warps), traffic(1, 0))
+        return
     if args.persistent:
         return persistent(x, m, k, traffic, report)
     if args.forms:
@@ -245,31 +260,42 @@ def main():
 
 
 def packed(x, q, s, qt, st, m, k, traffic, report):
-    """The library kernel's PACKED path (the column-wise copy in 32-bit words) against its
-    plain path, at each form's tile: equal outputs, then times over warps."""
+    """The library kernel's PACKED path (the column-wise copy in 32-bit words; PACKED=2 for
+    128 x 128 blocks) against its plain path, at each form's tile: equal outputs, then times
+    over warps."""
     f8 = torch.float8_e4m3fn
     tiles = {flag: (tm, tk) for flag, tm, tk, _ in K.FORMS}
-    for layout, row, flag in (("both", 1, 0), ("columnwise", 0, K.FLAG_COLS)):
-        tm, tk = tiles[flag]
+    sw = torch.empty(triton.cdiv(m, 128), triton.cdiv(k, 128), device="cuda")
+    swt = torch.empty(triton.cdiv(k, 128), triton.cdiv(m, 128), device="cuda")
+    for layout, row, col, flag, tk in (("both", 1, 1, 0, 128),
+                                       ("columnwise", 0, 1, K.FLAG_COLS, 32),
+                                       ("columnwise", 0, 1, K.FLAG_COLS, 64),
+                                       ("weight both", 1, 1, K.FLAG_WEIGHT, 128),
+                                       ("weight rows", 1, 0, K.FLAG_WEIGHT, 128)):
+        tm = tiles[flag][0]
         g = (triton.cdiv(m, tm), triton.cdiv(k, tk))
+        weight = int(flag == K.FLAG_WEIGHT)
+        pks = (0, 2) if weight else (0, 1)
+        ss, sst = (sw, swt) if weight else (s, st)
         outs = []
-        for pk in (0, 1):
-            bufs = [torch.full_like(b, 7) for b in (q, s, qt, st)]
-            K.fp8_quantize_kernel[g](x, *bufs, m, k, 0, row, 1, 0, TILE_M=tm, TILE_K=tk,
+        for pk in pks:
+            bufs = [torch.full_like(b, 7) for b in (q, ss, qt, sst)]
+            K.fp8_quantize_kernel[g](x, *bufs, m, k, weight, row, col, 0, TILE_M=tm, TILE_K=tk,
                                      PACKED=pk)
             outs.append([b.view(torch.uint8) if b.dtype == f8 else b for b in bufs])
         same = all(torch.equal(a, b) for a, b in zip(*outs))
-        print(f"{layout:10s} packed equal to plain: {same}")
-        for pk in (0, 1):
+        print(f"{layout:11s} packed equal to plain: {same}")
+        nbytes = m * k * 3 if weight and not col else m * k * 4 if weight else traffic(row, 1)
+        for pk in pks:
             for w in (2, 4, 8, 16):
-                ck = K.fp8_quantize_kernel[g](x, q, s, qt, st, m, k, 0, row, 1, 0, TILE_M=tm,
-                                              TILE_K=tk, PACKED=pk, num_warps=w)
-                report(f"{layout:10s} TILE={tm}x{tk} PACKED={pk} warps={w:2d} "
+                ck = K.fp8_quantize_kernel[g](x, q, ss, qt, sst, m, k, weight, row, col, 0,
+                                              TILE_M=tm, TILE_K=tk, PACKED=pk, num_warps=w)
+                report(f"{layout:11s} TILE={tm}x{tk} PACKED={pk} warps={w:2d} "
                        f"regs={ck.n_regs} spills={ck.n_spills}",
-                       lambda: K.fp8_quantize_kernel[g](x, q, s, qt, st, m, k, 0, row, 1, 0,
-                                                        TILE_M=tm, TILE_K=tk, PACKED=pk,
-                                                        num_warps=w),
-                       traffic(row, 1))
+                       lambda: K.fp8_quantize_kernel[g](x, q, ss, qt, sst, m, k, weight, row,
+                                                        col, 0, TILE_M=tm, TILE_K=tk,
+                                                        PACKED=pk, num_warps=w),
+                       nbytes)
 
 
 def persistent(x, m, k, traffic, report, cpu=False):
@@ -282,7 +308,7 @@ def persistent(x, m, k, traffic, report, cpu=False):
         x[5, 7] = 0.0
         x[16:20, :] = 0.0  # all-zero column-wise blocks' rows
     f8 = torch.float8_e4m3fn
-    tiles = {flag: (tm, tk) for flag, tm, tk, _ in K.FORMS}
+    tiles = {flag: (tm, tk) for flag, (tm, tk, _) in K.PACKED_FORMS.items()}
     sms = 4 if cpu else torch.cuda.get_device_properties(0).multi_processor_count
     for layout, row, flag in (("both", 1, 0), ("columnwise", 0, K.FLAG_COLS)):
         tm, tk = tiles[flag]
@@ -315,7 +341,7 @@ def persistent(x, m, k, traffic, report, cpu=False):
         report(f"{layout:10s} packed TILE={tm}x{tk} one tile a program",
                lambda: K.fp8_quantize_kernel[g](x, q, s, qt, st, m, k, 0, row, 1, 0, TILE_M=tm,
                                                 TILE_K=tk, PACKED=1,
-                                                num_warps=K.PACKED_WARPS[flag]),
+                                                num_warps=K.PACKED_FORMS[flag][2]),
                traffic(row, 1))
         for per_sm in (1, 2, 3, 4, 6):
             for w in (2, 4, 8, 16):

@@ -354,17 +354,21 @@ def same(out, ref):
     torch.testing.assert_close(out.float(), ref.float(), rtol=0, atol=0, equal_nan=True)
 
 
-def packed_same(launch, m, k, want_row):
+def packed_same(launch, m, k, want_row, weight=False):
     """An FP8 kernel's PACKED path (the column-wise copy stored as 32-bit words) against its
     plain path: runs ``launch(packed, q, s, qt, st)`` with PACKED 0 and 1 (float8 outputs of
-    an (m, k) matrix, 1 x 128 scales pre-filled with -1) and checks that both write the same
-    bytes and scales, and the row-wise scales exactly when ``want_row``; returns what
-    ``launch`` gave back, per run."""
+    an (m, k) matrix, scales pre-filled with -1: 1 x 128 blocks' or, with ``weight``,
+    128 x 128 blocks') and checks that both write the same bytes and scales, and the row-wise
+    scales exactly when ``want_row``; returns what ``launch`` gave back, per run."""
     got, extra = [], []
     for packed in (0, 1):
         q = torch.zeros(m, k, dtype=torch.float8_e4m3fn)
         qt = torch.zeros(k, m, dtype=torch.float8_e4m3fn)
-        s, st = torch.full((cdiv(k, 128), m), -1.0), torch.full((cdiv(m, 128), k), -1.0)
+        if weight:
+            s = torch.full((cdiv(m, 128), cdiv(k, 128)), -1.0)
+            st = torch.full((cdiv(k, 128), cdiv(m, 128)), -1.0)
+        else:
+            s, st = torch.full((cdiv(k, 128), m), -1.0), torch.full((cdiv(m, 128), k), -1.0)
         extra.append(launch(packed, q, s, qt, st))
         got.append([q.view(torch.uint8), s.view(torch.int32), qt.view(torch.uint8),
                     st.view(torch.int32)])  # bit patterns: NaN scales compare equal

@@ -2,8 +2,9 @@
 python/fk/ops/fp8_quantize.py.
 
 x is an (M, K) contiguous matrix. One program quantizes one TILE_M x TILE_K tile of x, read
-once (128 x 128; 32 x 128 for the row-wise copy of 1 x 128 blocks alone, 128 x 32 for the
-column-wise one alone; FORMS):
+once (128 x 128; 32 x 128 for the row-wise copy of 1 x 128 blocks alone, 128 x 32 or 128 x 64
+for the column-wise one alone; FORMS and PACKED_FORMS; the launcher reads the tile from the
+variant):
 
   blocks of 1 x 128 (``weight == 0``): each row of the tile is one block. The row-wise copy
       q (M, K) gets the row blocks' scales at s[j, i] (scales (cdiv(K, 128), M)); the
@@ -13,15 +14,17 @@ column-wise one alone; FORMS):
       (scales (cdiv(M, 128), cdiv(K, 128))), and qt = q^T with st = s^T.
 
 ``want_row`` / ``want_col`` choose which copies are written. The aligned variants of the
-1 x 128 forms with a column-wise copy (PACKED) read the tile as four slabs of interleaved
-rows and store that copy as 32-bit words of four rows' float8 bytes: the same bytes, with a
-quarter as many elements through the transpose. The one writing both copies also has a form
-over a persistent grid, each program loading its next tile while it quantizes the current one
-(PERSISTENT), built as its variant for GPUs of less than 4 TB/s (FLAG_LOW_BANDWIDTH). Scale of
-a block with amax
-a = max |x|: s = max(a / 448, 2^-126) (a correctly rounded fp32 division), 1.0 for an
-all-zero block, rounded up to a power of two when ``pow2 != 0``, NaN when the block holds
-an inf or a NaN.
+1 x 128 forms with a column-wise copy (PACKED = 1) and of 128 x 128 blocks (PACKED = 2) read
+the tile as four slabs of interleaved rows and store the column-wise copy as 32-bit words of
+four rows' float8 bytes: the same bytes, with a quarter as many elements through the
+transpose (for 128 x 128 blocks, none through tl.trans). The one writing both copies of
+1 x 128 blocks also has a form over a persistent grid, each program loading its next tile
+while it quantizes the current one (PERSISTENT), built as its variant for GPUs of less than
+4 TB/s (FLAG_LOW_BANDWIDTH).
+
+Scale of a block with amax a = max |x|: s = max(a / 448, 2^-126) (a correctly rounded fp32
+division), 1.0 for an all-zero block, rounded up to a power of two when ``pow2 != 0``, NaN
+when the block holds an inf or a NaN.
 q = x * r with r = 1 / s (one correctly rounded reciprocal per block, then one multiply an
 element: a division per element cost half the kernel's time), clamped to [-448, 448] (NaN
 stays NaN), then rounded to the output element type by the store: to nearest even with
@@ -36,7 +39,7 @@ import triton
 import triton.language as tl
 
 from _common import (DTYPES, FLAG_ALIGNED, FLAG_LOW_BANDWIDTH, Variant, aligned_args,
-                     fp8_amax, fp8_store_1x128, fp8_store_packed)
+                     fp8_amax, fp8_store_1x128, fp8_store_packed, fp8_word, max_nan)
 from _common import fp8_quantize_values as _quantize
 from _common import fp8_scale as _scale
 
@@ -51,14 +54,19 @@ FLAG_WEIGHT = 8  # 128 x 128 blocks
 # benchmarks/tune_fp8_quantize.py on an H100 at 8192 x 4096 bf16 (benchmarks/NOTES.md v14).
 FORMS = ((0, 128, 128, 8), (FLAG_ROWS, 32, 128, 4), (FLAG_COLS, 128, 32, 4),
          (FLAG_WEIGHT, 128, 128, 8))
-# The aligned variants of the forms with a column-wise copy of 1 x 128 blocks write it in
-# 32-bit words (PACKED; M is then a multiple of 16), at these warps (tune_fp8_quantize.py
-# --packed, H100, 8192 x 4096 bf16: both 113.9 -> 104.4 us, column-wise 75.9 -> 56.2 us;
-# benchmarks/NOTES.md v17).
-# Both copies at 4 warps, 2 programs per SM since v24's leaner quantization (8192 x 4096
-# bf16 on an H100: 92.6 us at v21's 1 per SM and 8 warps, 79.6 lean at that config, 62.4 lean
-# here; benchmarks/NOTES.md v24).
-PACKED_WARPS = {0: 4, FLAG_COLS: 2}
+# The aligned variants (M a multiple of 16) of these forms read the tile as four slabs and
+# write the column-wise copy in 32-bit words (PACKED: 1 for 1 x 128 blocks, 2 for 128 x 128
+# blocks), at their own tile and warps: {flags: (TILE_M, TILE_K, warps)}
+# (tune_fp8_quantize.py --packed; benchmarks/NOTES.md v17, v24, v32):
+# - both copies, 128 x 128 at 4 warps, 2 programs per SM since v24's leaner quantization
+#   (8192 x 4096 bf16 on an H100: 92.6 us at v21's 1 per SM and 8 warps, 79.6 lean at that
+#   config, 62.4 lean here);
+# - the column-wise copy, 128 x 64 at 4 warps (H200, JIT: 37.3 -> 33.2 us at 8192 x 4096 bf16,
+#   61.7 -> 52.6 at 14336 x 4096, against 128 x 32 at 2 warps, v17's config on an H100);
+# - 128 x 128 blocks at 4 warps (H200, JIT, 8192 x 4096 bf16: the row-wise copy 33.0 -> 30.8
+#   us, both 40.2 -> 38.7, against the plain path's best; the library, GPU time, 40.9 -> 27.3
+#   and 50.5 -> 35.6 us against the plain variant at 8 warps).
+PACKED_FORMS = {0: (128, 128, 4), FLAG_COLS: (128, 64, 4), FLAG_WEIGHT: (128, 128, 4)}
 # Packed forms with a variant over a persistent grid of this many programs per multiprocessor
 # (PERSISTENT; the launcher reads it from the variant), for GPUs of less than 4 TB/s only
 # (FLAG_LOW_BANDWIDTH): both copies. It was the faster form on both GPUs while the
@@ -106,6 +114,37 @@ def _packed_1x128(x0, x1, x2, x3, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, want_row, 
     fp8_store_packed(x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32),
                      x3.to(tl.float32), grp, 0, cols, M, K, rb, cb, q_ptr, s_ptr, qt_ptr,
                      st_ptr, want_row, want_col, pow2, M, 1)
+
+
+@triton.jit
+def _packed_128x128(x0, x1, x2, x3, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, want_row, want_col,
+                    pow2, rb, cb, TILE_M: tl.constexpr, TILE_K: tl.constexpr):
+    """The tile (rb, cb) as one 128 x 128 block, given as its four slabs (_slabs): one scale
+    from the slabs' elementwise maximum, the row-wise copy stored slab by slab, the
+    column-wise copy (q^T) in 32-bit words of four rows' float8 bytes as in
+    _common.fp8_store_packed (M % 4 == 0)."""
+    R: tl.constexpr = TILE_M // 4
+    grp = rb.to(tl.int64) * R + tl.arange(0, R)
+    cols = cb.to(tl.int64) * TILE_K + tl.arange(0, TILE_K)
+    cmask = (cols < K)[None, :]
+    v0, v1, v2, v3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
+    a = max_nan(max_nan(tl.abs(v0), tl.abs(v1)), max_nan(tl.abs(v2), tl.abs(v3)))
+    s = _scale(fp8_amax(fp8_amax(a, 1), 0), pow2)
+    if want_row != 0:
+        ty = q_ptr.dtype.element_ty
+        base = q_ptr + (4 * grp)[:, None] * K + cols[None, :]
+        tl.store(base, _quantize(v0, s, ty).to(ty), mask=(4 * grp < M)[:, None] & cmask)
+        tl.store(base + K, _quantize(v1, s, ty).to(ty), mask=(4 * grp + 1 < M)[:, None] & cmask)
+        tl.store(base + 2 * K, _quantize(v2, s, ty).to(ty),
+                 mask=(4 * grp + 2 < M)[:, None] & cmask)
+        tl.store(base + 3 * K, _quantize(v3, s, ty).to(ty),
+                 mask=(4 * grp + 3 < M)[:, None] & cmask)
+        tl.store(s_ptr + rb * tl.cdiv(K, TILE_K) + cb, s)
+    if want_col != 0:
+        wp = qt_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+        tl.store(wp + cols[None, :] * (M // 4) + grp[:, None], fp8_word(v0, v1, v2, v3, s),
+                 mask=(grp < M // 4)[:, None] & cmask)
+        tl.store(st_ptr + cb * tl.cdiv(M, TILE_M) + rb, s)
 
 
 @triton.jit
@@ -164,7 +203,11 @@ def fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_
     else:
         rb = tl.program_id(0)
         cb = tl.program_id(1)
-        if PACKED:  # 1 x 128 blocks only (the launcher's forms)
+        if PACKED == 2:  # 128 x 128 blocks
+            x0, x1, x2, x3 = _slabs(x_ptr, rb, cb, M, K, TILE_M, TILE_K)
+            _packed_128x128(x0, x1, x2, x3, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, want_row,
+                            want_col, pow2, rb, cb, TILE_M, TILE_K)
+        elif PACKED:  # 1 x 128 blocks
             x0, x1, x2, x3 = _slabs(x_ptr, rb, cb, M, K, TILE_M, TILE_K)
             _packed_1x128(x0, x1, x2, x3, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, want_row,
                           want_col, pow2, rb, cb, TILE_M, TILE_K)
@@ -190,10 +233,14 @@ def variants(arch: int) -> list:
                     "PERSISTENT": "constexpr"})
         # FLAG_ALIGNED: M and K multiples of 16 and x 16-byte aligned, so that the loads and
         # the float8 stores (one byte each otherwise) are 16 bytes wide.
-        for form, tile_m, tile_k, warps in FORMS:
+        for form, plain_m, plain_k, plain_warps in FORMS:
             for aligned in (0, FLAG_ALIGNED):
                 flags = form | aligned
-                packed = int(bool(aligned) and form in PACKED_WARPS)
+                packed = 0
+                tile_m, tile_k, warps = plain_m, plain_k, plain_warps
+                if aligned and form in PACKED_FORMS:
+                    packed = 2 if form == FLAG_WEIGHT else 1
+                    tile_m, tile_k, warps = PACKED_FORMS[form]
                 # (extra flags, programs per SM): one tile a program; and where the form has
                 # one, the persistent grid for GPUs of less than 4 TB/s
                 grids = [(0, 0)]
@@ -204,7 +251,7 @@ def variants(arch: int) -> list:
                                        dtype=dt, block=TILE, signature=sig,
                                        constexprs={"TILE_M": tile_m, "TILE_K": tile_k,
                                                    "PACKED": packed, "PERSISTENT": per_sm},
-                                       num_warps=PACKED_WARPS[form] if packed else warps,
+                                       num_warps=warps,
                                        flags=flags | extra,
                                        divisible_by_16=aligned_args(sig, flags, ("M", "K"))))
     return out

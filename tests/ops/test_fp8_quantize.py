@@ -109,13 +109,13 @@ def test_interpreter(dtype, form, pow2, shape):
 
 def _packed_case(dtype, form, shape):
     """(module, x with M a multiple of 16, TILE_M, TILE_K, want_row) of a packed-path test:
-    form "both" (both copies) or "cols" (the column-wise copy alone) at its FORMS tile."""
+    form "both" (both copies) or "cols" (the column-wise copy alone) at its PACKED_FORMS
+    tile."""
     mod = load_triton_src("fp8_quantize")
     x = special_input(dtype) if shape == "special" else randn(*shape, dtype=dtype, scale=3.0)
     if shape == "special":
         x = x[:x.shape[0] // 16 * 16]
-    flag = {"both": 0, "cols": mod.FLAG_COLS}[form]
-    _, tile_m, tile_k, _ = next(f for f in mod.FORMS if f[0] == flag)
+    tile_m, tile_k, _ = mod.PACKED_FORMS[{"both": 0, "cols": mod.FLAG_COLS}[form]]
     return mod, x, tile_m, tile_k, int(form == "both")
 
 
@@ -137,6 +137,39 @@ def test_interpreter_packed_path(dtype, form, pow2, shape):
             x, q, s, qt, st, m, k, 0, want_row, 1, int(pow2), TILE_M=tile_m, TILE_K=tile_k,
             PACKED=packed)
     packed_same(launch, m, k, want_row)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["weight", "weight_rows", "weight_cols"])
+@pytest.mark.parametrize("pow2", [False, True])
+@pytest.mark.parametrize("shape", [(256, 192), (144, 272), "special"])
+def test_interpreter_packed_weight_path(dtype, form, pow2, shape):
+    """The PACKED path of 128 x 128 blocks (PACKED=2: one scale over the four slabs, the
+    column-wise copy in 32-bit words) writes the same bytes and scales as the plain path,
+    partial tiles of both dimensions among them."""
+    mod = load_triton_src("fp8_quantize")
+    x = special_input(dtype) if shape == "special" else randn(*shape, dtype=dtype, scale=3.0)
+    if shape == "special":
+        x = x[:x.shape[0] // 16 * 16]
+    m, k = x.shape
+    tile_m, tile_k, _ = mod.PACKED_FORMS[mod.FLAG_WEIGHT]
+    want_row, want_col = int(form != "weight_cols"), int(form != "weight_rows")
+
+    def launch(packed, q, s, qt, st):
+        mod.fp8_quantize_kernel[(cdiv(m, tile_m), cdiv(k, tile_k))](
+            x, q, s, qt, st, m, k, 1, want_row, want_col, int(pow2), TILE_M=tile_m,
+            TILE_K=tile_k, PACKED=2 * packed)
+    if want_col:
+        packed_same(launch, m, k, want_row, weight=True)
+    else:  # packed_same checks a column-wise copy: here the row-wise one is compared
+        outs = []
+        for packed in (0, 1):
+            q = torch.zeros(m, k, dtype=torch.float8_e4m3fn)
+            s = torch.full((cdiv(m, 128), cdiv(k, 128)), -1.0)
+            launch(packed, q, s, q, s)
+            outs.append((q.view(torch.uint8), s.view(torch.int32)))
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+        assert (outs[1][1] != torch.tensor(-1.0).view(torch.int32)).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -177,10 +210,13 @@ def test_variants_cover_every_dtype():
             assert v.signature["q_ptr"] == v.signature["qt_ptr"] == "*fp8e4nv"
             assert v.signature["x_ptr"] == f"*{v.dtype}" and v.block == 128
             form = next(f for f in mod.FORMS if f[0] == v.flags & ~(1 | low))
-            assert (v.constexprs["TILE_M"], v.constexprs["TILE_K"]) == form[1:3]
-            # the word stores need M % 4 == 0: aligned variants of 1 x 128 forms with qt only
-            assert v.constexprs["PACKED"] == int(bool(v.flags & 1) and form[0] in (
-                0, mod.FLAG_COLS))
+            # the packed variants at their own tile and warps, the others at the form's
+            tile = mod.PACKED_FORMS[form[0]] if v.constexprs["PACKED"] else form[1:]
+            assert (v.constexprs["TILE_M"], v.constexprs["TILE_K"], v.num_warps) == tile
+            # the word stores need M % 4 == 0: aligned variants only, of the 1 x 128 forms
+            # with qt (PACKED 1) and of 128 x 128 blocks (PACKED 2)
+            assert v.constexprs["PACKED"] == (0 if not v.flags & 1 else {
+                0: 1, mod.FLAG_COLS: 1, mod.FLAG_WEIGHT: 2}.get(form[0], 0))
             # the persistent grid (programs per SM): the low-bandwidth variant only, which
             # differs from its default twin in nothing else
             assert v.constexprs["PERSISTENT"] == (mod.PERSISTENT_PER_SM[0] if v.flags & low

@@ -1,7 +1,7 @@
 // CUDA kernel of fk::fp8_quantize: AOT-compiled Triton (triton_src/fp8_quantize.py). One
-// launch over the tiles of x reads x once and writes every copy asked for; the tile depends
-// on the form (FORMS there): 128 x 128, or 32 x 128 / 128 x 32 for one copy of 1 x 128
-// blocks. Variants with PERSISTENT > 0 walk the tiles over a persistent grid instead.
+// launch over the tiles of x reads x once and writes every copy asked for; the tile is the
+// picked variant's (TILE_M x TILE_K: 128 x 128, or narrower for one copy of 1 x 128 blocks).
+// Variants with PERSISTENT > 0 walk the tiles over a persistent grid instead.
 #include "ops/fp8_quantize/fp8_quantize.h"
 #include "runtime/checks.h"
 #include "runtime/kernels.h"
@@ -12,12 +12,8 @@ namespace {
 
 using checks::ceil_div;
 
-// The forms' variant flags and tiles (triton_src/fp8_quantize.py, FORMS).
-struct Form {
-  uint32_t flag;
-  int64_t tile_m, tile_k;
-};
-constexpr Form kBoth{0, 128, 128}, kRows{2, 32, 128}, kCols{4, 128, 32}, kWeight{8, 128, 128};
+// The forms' variant flags (triton_src/fp8_quantize.py, FLAG_ROWS, FLAG_COLS, FLAG_WEIGHT).
+constexpr uint32_t kBoth = 0, kRows = 2, kCols = 4, kWeight = 8;
 using runtime::KernelArgs;
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cuda(Tensor x, int64_t block_rows,
@@ -51,21 +47,22 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cuda(Tensor x, int64_t b
   }
   if (m == 0 || k == 0) return {q, s, qt, st};
   check_fp8_gpu(op, x);
-  const Form form = weight ? kWeight
-                    : want.rowwise && want.columnwise ? kBoth
-                    : want.rowwise ? kRows
-                                   : kCols;
-  const int64_t tiles_m = ceil_div(m, form.tile_m), tiles_k = ceil_div(k, form.tile_k);
-  // Tiles of columns run along the grid's y dimension (at most 65535 on CUDA).
-  FK_CHECK(tiles_k <= 65535, op, ": x has ", k, " columns; the CUDA kernel takes at most ",
-           65535 * form.tile_k, " here (65535 tiles of ", form.tile_k, ")");
+  const uint32_t form = weight ? kWeight
+                       : want.rowwise && want.columnwise ? kBoth
+                       : want.rowwise ? kRows
+                                      : kCols;
   auto xc = aten::contiguous(x);
   static const auto& fam = runtime::family("fp8_quantize");
   // The aligned variant: M and K multiples of 16 and x 16-byte aligned (the outputs are
   // fresh allocations).
   const uint32_t aligned =
       m % 16 == 0 && k % 16 == 0 && runtime::aligned16({&xc}) ? runtime::kFlagAligned : 0;
-  const auto& kern = fam.pick(op, xc, kFp8Block, form.flag | aligned);
+  const auto& kern = fam.pick(op, xc, kFp8Block, form | aligned);
+  const int64_t tile_m = kern.constexpr_value("TILE_M"), tile_k = kern.constexpr_value("TILE_K");
+  const int64_t tiles_m = ceil_div(m, tile_m), tiles_k = ceil_div(k, tile_k);
+  // Tiles of columns run along the grid's y dimension (at most 65535 on CUDA).
+  FK_CHECK(tiles_k <= 65535, op, ": x has ", k, " columns; the CUDA kernel takes at most ",
+           65535 * tile_k, " here (65535 tiles of ", tile_k, ")");
   const Tensor& q_any = want.rowwise ? q : qt;  // the pointers of a copy not asked for are
   const Tensor& s_any = want.rowwise ? s : st;  // never written; any valid one will do
   KernelArgs args;
