@@ -15,7 +15,7 @@ squares, so the column-wise copy is written from a second read of x:
   rms_norm_fp8_rstd_kernel   rstd only, one row per program, any K (chunks of BLOCK_K).
   rms_norm_fp8_tile_kernel   one 128 x 128 tile of x per program, given rstd: any of the
                              row-wise copy, the column-wise copy and y (128 x 32 tiles for
-                             the column-wise copy alone).
+                             the column-wise copy alone, 128 x 64 in its aligned variant).
 
 The C++ side runs rows (+ tile for the column-wise copy) when K fits the largest rows
 block, else rstd + tile. Masked elements of partial tiles read as 0 and are not stored.
@@ -106,6 +106,10 @@ def rms_norm_fp8_tile_kernel(x_ptr, w_ptr, rstd_ptr, q_ptr, s_ptr, qt_ptr, st_pt
 # fastest for that copy on an H100; benchmarks/NOTES.md v14).
 FLAG_COLS = 2
 TILE_FORMS = ((0, TILE, TILE, 8), (FLAG_COLS, TILE, 32, 4))
+# The aligned variant of the column-wise form: 128 x 64 tiles at 4 warps (H200, the library at
+# 8192 x 4096 bf16, "both": 0.0847 -> 0.0753 ms; tune_rms_norm_fp8.py --part tile;
+# benchmarks/NOTES.md v32).
+ALIGNED_COLS_TILE = (TILE, 64, 4)
 # Single-pass buckets: (BLOCK_K, rows per program, warps); wider rows take rstd + tile.
 # 2048 and 4096 at 4 warps from an H100 sweep (benchmarks/tune_rms_norm_fp8.py, 8192 rows:
 # 30.1 -> 28.4 us and 51.4 -> 48.4 us).
@@ -150,6 +154,8 @@ def variants(arch: int) -> list:
             add("rms_norm_fp8_rstd", "rms_norm_fp8_rstd_kernel", _RSTD_ARGS, RSTD_BLOCK,
                 {"BLOCK_K": RSTD_BLOCK}, 8, ("K",))
             for form, tile_m, tile_k, warps in TILE_FORMS:
+                if flags and form == FLAG_COLS:
+                    tile_m, tile_k, warps = ALIGNED_COLS_TILE
                 add("rms_norm_fp8_tile", "rms_norm_fp8_tile_kernel", _TILE_ARGS, TILE,
                     {"TILE_M": tile_m, "TILE_K": tile_k}, warps, ("M", "K"), form)
     return out

@@ -100,7 +100,9 @@ def test_interpreter(dtype, pow2, shape):
                 torch.full((m,), -1.0), torch.full((m, k), math.nan, dtype=dtype))
 
     ref_y = ref_rms_norm(x, w, EPS, cast=round_toward_zero)
-    for path in ("rows", "rstd"):
+    # the rows path's column-wise tiles as each variant of that form has them (128 x 32,
+    # and 128 x 64 aligned)
+    for path, cols_k in (("rows", 32), ("rows", mod.ALIGNED_COLS_TILE[1]), ("rstd", None)):
         q, s, qt, st, rstd, y = fresh()
         if path == "rows":  # rows kernel (row-wise copy, y, rstd), tiles (column-wise copy)
             rows = 2
@@ -108,9 +110,9 @@ def test_interpreter(dtype, pow2, shape):
                                                            1, int(pow2), BLOCK_K=512, ROWS=rows)
         else:  # rstd kernel (chunks of 128), tiles writing everything
             mod.rms_norm_fp8_rstd_kernel[(m,)](x, rstd, m, k, EPS, BLOCK_K=128)
-        # as the CUDA side launches it: 128 x 32 tiles for the column-wise copy alone
+        # as the CUDA side launches it: narrower tiles for the column-wise copy alone
         row_in_tiles = int(path == "rstd")
-        tile_k = 128 if row_in_tiles else 32
+        tile_k = 128 if row_in_tiles else cols_k
         mod.rms_norm_fp8_tile_kernel[(nm, cdiv(k, tile_k))](
             x, w, rstd, q, s, qt, st, y, m, k, row_in_tiles, 1, row_in_tiles, int(pow2),
             TILE_M=128, TILE_K=tile_k)
@@ -132,8 +134,11 @@ def test_variants_cover_every_dtype():
         got = {(v.dtype, v.flags) for v in vs if v.family == fam}
         assert got == {(dt, form | f) for dt in ("bf16", "fp16", "fp32") for f in (0, 1)
                        for form in fam_forms}, fam
-    assert {(v.flags & mod.FLAG_COLS, v.constexprs["TILE_K"]) for v in vs
-            if v.family == "rms_norm_fp8_tile"} == {(0, 128), (mod.FLAG_COLS, 32)}
+    # (flags, TILE_K, warps): the column-wise form's aligned variant at its own tile
+    assert {(v.flags, v.constexprs["TILE_K"], v.num_warps) for v in vs
+            if v.family == "rms_norm_fp8_tile"} == {
+        (0, 128, 8), (1, 128, 8), (mod.FLAG_COLS, 32, 4),
+        (mod.FLAG_COLS | 1, *mod.ALIGNED_COLS_TILE[1:])}
     for v in vs:
         assert v.signature["x_ptr"] == f"*{v.dtype}"
         assert v.signature.get("q_ptr", "*fp8e4nv") == "*fp8e4nv"

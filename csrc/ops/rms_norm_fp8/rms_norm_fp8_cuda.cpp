@@ -2,7 +2,7 @@
 //
 // Rows of at most the largest single-pass block: one pass over x (rms_norm_fp8_rows) writes
 // rstd and, when asked, the row-wise copy and y; the column-wise copy (128-row blocks) then
-// comes from a second read of x, one 128 x 128 tile per program (rms_norm_fp8_tile, given
+// comes from a second read of x, one tile of 128 rows per program (rms_norm_fp8_tile, given
 // rstd). Longer rows: rstd first (rms_norm_fp8_rstd), then the tile kernel writes every
 // output asked for.
 #include <cmath>
@@ -20,10 +20,9 @@ using runtime::KernelArgs;
 
 using Out6 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 
-// The tile kernel's form for the column-wise copy alone: variant flag and tile width
-// (triton_src/rms_norm_fp8.py, FLAG_COLS / TILE_FORMS).
+// The tile kernel's form for the column-wise copy alone: its variant flag
+// (triton_src/rms_norm_fp8.py, FLAG_COLS).
 constexpr uint32_t kColsOnly = 2;
-constexpr int64_t kColsTileK = 32;
 
 Out6 rms_norm_fp8_cuda(Tensor x, Tensor weight, double eps, std::string layout,
                        bool pow2_scales, bool return_norm) {
@@ -74,15 +73,16 @@ Out6 rms_norm_fp8_cuda(Tensor x, Tensor weight, double eps, std::string layout,
     runtime::launch(op, kern, dev, {m, 1, 1}, args);
   }
   const bool row_here = want.rowwise && !fits, y_here = return_norm && !fits;
-  // The column-wise copy alone: 128 x 32 tiles (kColsOnly), else 128 x 128.
+  // The column-wise copy alone: narrower tiles (kColsOnly), else 128 x 128; the width is the
+  // picked variant's.
   const bool cols_only = !row_here && !y_here;
-  const int64_t tile_k = cols_only ? kColsTileK : kFp8Block;
+  const auto& kern =
+      tiles.pick(op, rows.x2d, kFp8Block, tile_flags | (cols_only ? kColsOnly : 0u));
+  const int64_t tile_k = kern.constexpr_value("TILE_K");
   const int64_t tiles_k = ceil_div(k, tile_k);
   // Tiles of columns run along the grid's y dimension (at most 65535 on CUDA).
   FK_CHECK(tiles_k <= 65535, op, ": x has ", k, " columns; the CUDA kernel takes at most ",
            65535 * tile_k, " here (65535 tiles of ", tile_k, ")");
-  const auto& kern =
-      tiles.pick(op, rows.x2d, kFp8Block, tile_flags | (cols_only ? kColsOnly : 0u));
   KernelArgs args;
   args.ptr(rows.x2d).ptr(w).ptr(rstd).ptr(ptr(q)).ptr(ptr(s)).ptr(ptr(qt)).ptr(ptr(st))
       .ptr(ptr(y)).i64(m).i64(k).i32(row_here ? 1 : 0).i32(want.columnwise ? 1 : 0)
