@@ -24,11 +24,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cuda(Tensor x, int64_t b
   const int64_t m = x.size(0), k = x.size(1);
   const int64_t nm = ceil_div(m, kFp8Block), nk = ceil_div(k, kFp8Block);
   const bool weight = block_rows != 1;
-  if (weight && want.columnwise && x.scalar_type() == kFloat) {
-    // float32 weights: the kernel's transposed store of this form wrote wrong values (NaN
-    // among them) into the column-wise copy on sm_90 (Triton 3.6; benchmarks/NOTES.md v14),
-    // so the row-wise copy is written and the column-wise one is its transpose (a copy).
-    auto [q1, s1, unused_q, unused_s] = fp8_quantize_cuda(x, block_rows, "rowwise",
+  auto xc = aten::contiguous(x);
+  // The aligned variant: M and K multiples of 16 and x 16-byte aligned (the outputs are
+  // fresh allocations).
+  const uint32_t aligned =
+      m % 16 == 0 && k % 16 == 0 && runtime::aligned16({&xc}) ? runtime::kFlagAligned : 0;
+  if (weight && want.columnwise && x.scalar_type() == kFloat && !aligned) {
+    // float32 weights in the unaligned variant: its transposed store (tl.trans) wrote wrong
+    // values (NaN among them) into the column-wise copy on sm_90 (Triton 3.6;
+    // benchmarks/NOTES.md v14), so the row-wise copy is written and the column-wise one is
+    // its transpose (a copy). The aligned variant stores that copy in 32-bit words, with no
+    // tl.trans (PACKED = 2).
+    auto [q1, s1, unused_q, unused_s] = fp8_quantize_cuda(xc, block_rows, "rowwise",
                                                           pow2_scales);
     Tensor qt1 = aten::clone(aten::t(q1)), st1 = aten::clone(aten::t(s1));
     if (!want.rowwise) return {Tensor(), Tensor(), qt1, st1};
@@ -51,12 +58,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cuda(Tensor x, int64_t b
                        : want.rowwise && want.columnwise ? kBoth
                        : want.rowwise ? kRows
                                       : kCols;
-  auto xc = aten::contiguous(x);
   static const auto& fam = runtime::family("fp8_quantize");
-  // The aligned variant: M and K multiples of 16 and x 16-byte aligned (the outputs are
-  // fresh allocations).
-  const uint32_t aligned =
-      m % 16 == 0 && k % 16 == 0 && runtime::aligned16({&xc}) ? runtime::kFlagAligned : 0;
   const auto& kern = fam.pick(op, xc, kFp8Block, form | aligned);
   const int64_t tile_m = kern.constexpr_value("TILE_M"), tile_k = kern.constexpr_value("TILE_K");
   const int64_t tiles_m = ceil_div(m, tile_m), tiles_k = ceil_div(k, tile_k);
