@@ -358,8 +358,9 @@ def packed_same(launch, m, k, want_row, weight=False):
     """An FP8 kernel's PACKED path (the column-wise copy stored as 32-bit words) against its
     plain path: runs ``launch(packed, q, s, qt, st)`` with PACKED 0 and 1 (float8 outputs of
     an (m, k) matrix, scales pre-filled with -1: 1 x 128 blocks' or, with ``weight``,
-    128 x 128 blocks') and checks that both write the same bytes and scales, and the row-wise
-    scales exactly when ``want_row``; returns what ``launch`` gave back, per run."""
+    128 x 128 blocks') and checks that both write the same bytes and scales, and every
+    row-wise scale when ``want_row`` (none otherwise); returns what ``launch`` gave back, per
+    run."""
     got, extra = [], []
     for packed in (0, 1):
         q = torch.zeros(m, k, dtype=torch.float8_e4m3fn)
@@ -374,7 +375,8 @@ def packed_same(launch, m, k, want_row, weight=False):
                     st.view(torch.int32)])  # bit patterns: NaN scales compare equal
     for a, b in zip(*got):
         assert torch.equal(a, b)
-    assert (got[1][1] == torch.tensor(-1.0).view(torch.int32)).all() != bool(want_row)
+    unwritten = got[1][1] == torch.tensor(-1.0).view(torch.int32)
+    assert not unwritten.any() if want_row else unwritten.all()
     return extra
 
 

@@ -109,14 +109,16 @@ def test_interpreter(dtype, form, pow2, shape):
 
 def _packed_case(dtype, form, shape):
     """(module, x with M a multiple of 16, TILE_M, TILE_K, want_row) of a packed-path test:
-    form "both" (both copies) or "cols" (the column-wise copy alone) at its PACKED_FORMS
-    tile."""
+    form "both" (both copies) or "cols" (the column-wise copy alone) of 1 x 128 blocks, or
+    "weight" / "weight_rows" / "weight_cols" of 128 x 128 blocks, at its PACKED_FORMS tile."""
     mod = load_triton_src("fp8_quantize")
     x = special_input(dtype) if shape == "special" else randn(*shape, dtype=dtype, scale=3.0)
     if shape == "special":
         x = x[:x.shape[0] // 16 * 16]
-    tile_m, tile_k, _ = mod.PACKED_FORMS[{"both": 0, "cols": mod.FLAG_COLS}[form]]
-    return mod, x, tile_m, tile_k, int(form == "both")
+    flag = mod.FLAG_WEIGHT if form.startswith("weight") else {"both": 0,
+                                                              "cols": mod.FLAG_COLS}[form]
+    tile_m, tile_k, _ = mod.PACKED_FORMS[flag]
+    return mod, x, tile_m, tile_k, int(form in ("both", "weight", "weight_rows"))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -147,29 +149,15 @@ def test_interpreter_packed_weight_path(dtype, form, pow2, shape):
     """The PACKED path of 128 x 128 blocks (PACKED=2: one scale over the four slabs, the
     column-wise copy in 32-bit words) writes the same bytes and scales as the plain path,
     partial tiles of both dimensions among them."""
-    mod = load_triton_src("fp8_quantize")
-    x = special_input(dtype) if shape == "special" else randn(*shape, dtype=dtype, scale=3.0)
-    if shape == "special":
-        x = x[:x.shape[0] // 16 * 16]
+    mod, x, tile_m, tile_k, want_row = _packed_case(dtype, form, shape)
     m, k = x.shape
-    tile_m, tile_k, _ = mod.PACKED_FORMS[mod.FLAG_WEIGHT]
-    want_row, want_col = int(form != "weight_cols"), int(form != "weight_rows")
+    want_col = int(form != "weight_rows")
 
     def launch(packed, q, s, qt, st):
         mod.fp8_quantize_kernel[(cdiv(m, tile_m), cdiv(k, tile_k))](
             x, q, s, qt, st, m, k, 1, want_row, want_col, int(pow2), TILE_M=tile_m,
             TILE_K=tile_k, PACKED=2 * packed)
-    if want_col:
-        packed_same(launch, m, k, want_row, weight=True)
-    else:  # packed_same checks a column-wise copy: here the row-wise one is compared
-        outs = []
-        for packed in (0, 1):
-            q = torch.zeros(m, k, dtype=torch.float8_e4m3fn)
-            s = torch.full((cdiv(m, 128), cdiv(k, 128)), -1.0)
-            launch(packed, q, s, q, s)
-            outs.append((q.view(torch.uint8), s.view(torch.int32)))
-        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-        assert (outs[1][1] != torch.tensor(-1.0).view(torch.int32)).all()
+    packed_same(launch, m, k, want_row, weight=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
