@@ -24,11 +24,14 @@ dx = rstd * (dn w - x_hat * mean(dn w x_hat)); dw partials sum dn * round(x_hat)
 program (its row of (programs, 2 D): q's weight, then k's; one rms_norm_dw launch sums both).
 v rows copy their gradient. Every element of dqkv is written.
 
-Work split: a tile is BT tokens by BH heads of one kind (q, k or v), tiles ordered
-[token block][q head blocks..., k head blocks..., v head blocks...] (heads fastest: input
-memory order). The forward runs one tile per program, the backward a persistent grid. Rows
-are read in chunks of HB columns (the two rotating halves, then the pass-through dims).
-Offsets are int64.
+Work split: a tile is BT tokens by BH heads of one kind (q, k or v). The forward runs one
+tile per program, tiles ordered [token block][q head blocks..., k head blocks..., v head
+blocks...] (heads fastest: input memory order). The backward runs a persistent grid over
+blocks of BT tokens, each program taking every head of its blocks BH at a time (q, k, then
+v): the block's cos / sin are loaded once, its q and k weight-gradient terms are summed
+elementwise and reduced once a block, and each head block's rotating halves are loaded
+while the previous one is computed. Rows are read in chunks of HB columns (the two rotating
+halves, then the pass-through dims). Offsets are int64.
 """
 import triton
 import triton.language as tl
@@ -58,32 +61,16 @@ def _tile(tile, B, S, Hq, Hkv, D, in_sb, in_ss, mode, BT: tl.constexpr, BH: tl.c
     blk = tile % nblk
     kind = tl.where(blk < nqb, 0, tl.where(blk < nqb + nkb, 1, 2))
     hb = blk - tl.where(kind == 0, 0, tl.where(kind == 1, nqb, nqb + nkb))
-    t = tb * BT + tl.arange(0, BT)
-    tmask = t < B * S
-    if (mode & TOKENS_SB) != 0:
-        s = t // B
-        b = t % B
-    else:
-        b = t // S
-        s = t % S
+    b, s, b64, s64, tok_in, tmask = _token_block(tb, B, S, in_sb, in_ss, mode, BT)
     h = hb * BH + tl.arange(0, BH)
     nh = tl.where(kind == 0, Hq, Hkv)
-    mask = tmask[:, None] & (h < nh)[None, :]
     r = Hq // Hkv
     if (mode & GROUPED) != 0:
         src = tl.where(kind == 0, (h // r) * (r + 2) + h % r, h * (r + 2) + r + (kind - 1))
     else:
         src = tl.where(kind == 0, h, Hq + (kind - 1) * Hkv + h)
-    b64 = b.to(tl.int64)[:, None]
-    s64 = s.to(tl.int64)[:, None]
-    h64 = h.to(tl.int64)[None, :]
-    in_rows = b64 * in_sb + s64 * in_ss + src.to(tl.int64)[None, :] * D
-    # one expression for both layouts (a branch here hides the rows' alignment from the
-    # stores, which then write one element at a time)
-    bhsd = (mode & OUT_BHSD) != 0
-    s_step = tl.where(bhsd, 1, nh).to(tl.int64) * D
-    h_step = tl.where(bhsd, S, 1).to(tl.int64) * D
-    out_rows = b64 * (nh.to(tl.int64) * S * D) + s64 * s_step + h64 * h_step
+    tok_out, h_step = _tokens_out(b64, s64, S, nh, D, mode)
+    in_rows, out_rows, mask = _head_rows(h, src, h < nh, tok_in, tok_out, h_step, tmask, D)
     return kind, in_rows, out_rows, mask, b, s, tmask
 
 
@@ -114,16 +101,21 @@ def _chunk(ptr, rows, mask, c0, end, HB: tl.constexpr):
 
 
 @triton.jit
-def _weight(w_ptr, c0, end, HB: tl.constexpr):
-    cols = c0 + tl.arange(0, HB)
-    return tl.load(w_ptr + cols, mask=cols < end, other=0.0).to(tl.float32)[None, None, :]
+def _weight(w_ptr, c0, end, BT: tl.constexpr, BH: tl.constexpr, HB: tl.constexpr):
+    """Weight columns c0 .. c0 + HB (below ``end``) in fp32 as a [BT, BH, HB] tile. The
+    backward loads it at its rows' shape, so in their layout (loaded as HB values and
+    expanded, it went through shared memory each time; the repeated loads hit L1); the
+    forward as [1, 1, HB], which it broadcasts."""
+    cols = tl.broadcast_to(c0 + tl.arange(0, HB)[None, None, :], (BT, BH, HB))
+    return tl.load(w_ptr + cols, mask=cols < end, other=0.0).to(tl.float32)
 
 
 @triton.jit
 def _normed(x, rstd, w_ptr, c0, end, do_norm, dtype, HB: tl.constexpr):
     """round(round(x * rstd) * w) in fp32 (x itself when do_norm is 0)."""
     if do_norm != 0:
-        x = round_to(rms_normalize(x, rstd, 1, dtype) * _weight(w_ptr, c0, end, HB), dtype)
+        w = _weight(w_ptr, c0, end, 1, 1, HB)
+        x = round_to(rms_normalize(x, rstd, 1, dtype) * w, dtype)
     return x
 
 
@@ -184,95 +176,215 @@ def qkv_split_norm_rope_fwd_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo
 
 
 @triton.jit
+def _token_block(tb, B, S, in_sb, in_ss, mode, BT: tl.constexpr):
+    """Token block tb's positions b, s [BT] (also as int64 [BT, 1]), its input row offsets
+    [BT, 1] (elements) and its token mask [BT]."""
+    t = tb * BT + tl.arange(0, BT)
+    tmask = t < B * S
+    if (mode & TOKENS_SB) != 0:
+        s = t // B
+        b = t % B
+    else:
+        b = t // S
+        s = t % S
+    b64 = b.to(tl.int64)[:, None]
+    s64 = s.to(tl.int64)[:, None]
+    return b, s, b64, s64, b64 * in_sb + s64 * in_ss, tmask
+
+
+@triton.jit
+def _tokens_out(b64, s64, S, nh, D, mode):
+    """Output row offsets [BT, 1] of head 0 of a token block (_token_block) in an output of
+    nh heads, and the step from one head to the next."""
+    # one expression for both layouts (as _tile)
+    bhsd = (mode & OUT_BHSD) != 0
+    s_step = tl.where(bhsd, 1, nh).to(tl.int64) * D
+    h_step = tl.where(bhsd, S, 1).to(tl.int64) * D
+    return b64 * nh * S * D + s64 * s_step, h_step
+
+
+@triton.jit
+def _head_rows(h, src, hmask, tok_in, tok_out, h_step, tmask, D):
+    """Heads h [BH] (at heads src of the input rows; hmask: those that exist) of a token
+    block: input row offsets, output row offsets (elements, [BT, BH]) and row mask."""
+    in_rows = tok_in + src.to(tl.int64)[None, :] * D
+    out_rows = tok_out + h.to(tl.int64)[None, :] * h_step
+    return in_rows, out_rows, tmask[:, None] & hmask[None, :]
+
+
+@triton.jit
+def _heads(kind: tl.constexpr, i, Hq, Hkv, r, nj, grouped, BH: tl.constexpr):
+    """Block i of BH heads of one kind (0 q, 1 k, 2 v): the heads [BH], where they sit in the
+    input row and which exist. q heads go group by group, nj blocks a group of r (one scalar
+    division a block): heads g r .. g r + r - 1 sit at g (r + 2) .. in the grouped input."""
+    if kind == 0:
+        g = i // nj
+        j = (i - g * nj) * BH + tl.arange(0, BH)
+        h = g * r + j
+        return h, tl.where(grouped, g * (r + 2) + j, h), j < r
+    else:
+        h = i * BH + tl.arange(0, BH)
+        src = tl.where(grouped, h * (r + 2) + r + (kind - 1), Hq + (kind - 1) * Hkv + h)
+        return h, src, h < Hkv
+
+
+@triton.jit
+def _heads_in(g_ptr, qkv_ptr, in_rows, out_rows, mask, half, do_norm, HB: tl.constexpr):
+    """The rotating halves of one [BT, BH] block of q or k rows as stored: the output
+    gradient's g1, g2 and (when ``do_norm``; else zeros, unread) the input's x1, x2."""
+    cols = tl.arange(0, HB)[None, None, :]
+    m = mask[:, :, None] & (cols < half)
+    go = g_ptr + out_rows[:, :, None] + cols
+    xo = qkv_ptr + in_rows[:, :, None] + cols
+    mx = m & (do_norm != 0)
+    return (tl.load(go, mask=m, other=0.0), tl.load(go + half, mask=m, other=0.0),
+            tl.load(xo, mask=mx, other=0.0), tl.load(xo + half, mask=mx, other=0.0))
+
+
+@triton.jit
+def _bwd_heads(g1, g2, x1, x2, g_ptr, qkv_ptr, dqkv_ptr, w_ptr, dw_row, in_rows, out_rows, mask,
+               c1, c2, s1, s2, a1, a2, D, half, eps, do_norm, dtype, HB: tl.constexpr):
+    """The backward of one [BT, BH] block of q or k rows, given its rotating halves
+    (_heads_in): dqkv at in_rows; returns the weight-gradient accumulators a1, a2
+    ([BT, 1, HB], the rotating halves) with this block's dn * round(x_hat) summed over its
+    heads added; the pass-through dims' sums go to dw_row in memory."""
+    rot = 2 * half
+    cols = tl.arange(0, HB)
+    m1 = mask[:, :, None] & (cols < half)[None, None, :]
+    m2 = m1
+    g1 = g1.to(tl.float32)
+    g2 = g2.to(tl.float32)
+    # The gradient of the normalized row: the transposed rotation.
+    d1 = g1 * c1 + g2 * s2
+    d2 = g2 * c2 - g1 * s1
+    dst = dqkv_ptr + in_rows[:, :, None] + cols[None, None, :]
+    if do_norm != 0:
+        v1 = x1.to(tl.float32)
+        v2 = x2.to(tl.float32)
+        # the weight from L1 each block: held across the loop it took 4 HB / 8 registers
+        dw1 = d1 * _weight(w_ptr, 0, half, x1.shape[0], x1.shape[1], HB)
+        dw2 = d2 * _weight(w_ptr + half, 0, half, x1.shape[0], x1.shape[1], HB)
+        ss = tl.sum(v1 * v1 + v2 * v2, axis=2)
+        dot = tl.sum(dw1 * v1 + dw2 * v2, axis=2)
+        for c0 in range(rot, D, HB):
+            _p, _m, x = _chunk(qkv_ptr, in_rows, mask, c0, D, HB)
+            _p, _m, g = _chunk(g_ptr, out_rows, mask, c0, D, HB)
+            ss += tl.sum(x * x, axis=2)
+            dot += tl.sum(g * _weight(w_ptr, c0, D, x.shape[0], x.shape[1], HB) * x, axis=2)
+        rstd = 1.0 / tl.sqrt(ss / D + eps)
+        # dx = rstd * (dn w - x_hat * mean(dn w x_hat)) = rstd * dn w - x * k with
+        # k = rstd^3 * mean(dn w x): two operations an element once dn w is formed
+        r3 = rstd[:, :, None]
+        k3 = (rstd * rstd * rstd * (dot / D))[:, :, None]
+        tl.store(dst, (r3 * dw1 - v1 * k3).to(dtype), mask=m1)
+        tl.store(dst + half, (r3 * dw2 - v2 * k3).to(dtype), mask=m2)
+        a1 += tl.sum(d1 * rms_normalize(v1, r3, 1, dtype), axis=1, keep_dims=True)
+        a2 += tl.sum(d2 * rms_normalize(v2, r3, 1, dtype), axis=1, keep_dims=True)
+        for c0 in range(rot, D, HB):
+            _p, m, x = _chunk(qkv_ptr, in_rows, mask, c0, D, HB)
+            _p, _m, g = _chunk(g_ptr, out_rows, mask, c0, D, HB)
+            w = _weight(w_ptr, c0, D, x.shape[0], x.shape[1], HB)
+            tl.store(dst + c0, (r3 * (g * w) - x * k3).to(dtype), mask=m)
+            pc = c0 + cols
+            part = tl.sum(tl.sum(g * rms_normalize(x, r3, 1, dtype), axis=1), axis=0)
+            acc = tl.load(dw_row + pc, mask=pc < D, other=0.0)
+            tl.store(dw_row + pc, acc + part, mask=pc < D)
+    else:
+        tl.store(dst, d1.to(dtype), mask=m1)
+        tl.store(dst + half, d2.to(dtype), mask=m2)
+        for c0 in range(rot, D, HB):
+            _p, m, g = _chunk(g_ptr, out_rows, mask, c0, D, HB)
+            tl.store(dst + c0, g.to(dtype), mask=m)
+    return a1, a2
+
+
+@triton.jit
+def _bwd_kind(kind: tl.constexpr, g_ptr, qkv_ptr, dqkv_ptr, w_ptr, dw_row, tok_in, b64, s64,
+              tmask, c1, c2, s1, s2, S, Hq, Hkv, D, r, grouped, half, eps, do_norm, mode, dtype,
+              BT: tl.constexpr, BH: tl.constexpr, HB: tl.constexpr):
+    """The backward of a token block's q (kind 0) or k (1) heads, BH at a time, each block's
+    rotating halves loaded while the previous block is computed. Returns the rotating
+    halves' weight-gradient terms summed over the token block's heads ([HB] each)."""
+    nh = Hq if kind == 0 else Hkv
+    nj = tl.cdiv(r, BH)  # blocks of BH q heads a group
+    n = Hkv * nj if kind == 0 else tl.cdiv(Hkv, BH)
+    tok_out, h_step = _tokens_out(b64, s64, S, nh, D, mode)
+    a1 = tl.zeros((BT, 1, HB), dtype=tl.float32)
+    a2 = tl.zeros((BT, 1, HB), dtype=tl.float32)
+    h, src, hm = _heads(kind, 0, Hq, Hkv, r, nj, grouped, BH)
+    in_rows, out_rows, mask = _head_rows(h, src, hm, tok_in, tok_out, h_step, tmask, D)
+    n1, n2, n3, n4 = _heads_in(g_ptr, qkv_ptr, in_rows, out_rows, mask, half, do_norm, HB)
+    for i in range(0, n):
+        g1, g2, x1, x2 = n1, n2, n3, n4
+        ci, co, cm = in_rows, out_rows, mask
+        h, src, hm = _heads(kind, i + 1, Hq, Hkv, r, nj, grouped, BH)
+        in_rows, out_rows, mask = _head_rows(h, src, hm & (i + 1 < n), tok_in, tok_out,
+                                             h_step, tmask, D)
+        n1, n2, n3, n4 = _heads_in(g_ptr, qkv_ptr, in_rows, out_rows, mask, half, do_norm, HB)
+        a1, a2 = _bwd_heads(g1, g2, x1, x2, g_ptr, qkv_ptr, dqkv_ptr, w_ptr, dw_row, ci, co, cm,
+                            c1, c2, s1, s2, a1, a2, D, half, eps, do_norm, dtype, HB)
+    return tl.sum(tl.sum(a1, axis=1), axis=0), tl.sum(tl.sum(a2, axis=1), axis=0)
+
+
+@triton.jit
 def qkv_split_norm_rope_bwd_kernel(dqo_ptr, dko_ptr, dvo_ptr, qkv_ptr, qw_ptr, kw_ptr, cos_ptr,
                                    sin_ptr, dqkv_ptr, dw_ptr, in_sb, in_ss, cos_sb, cos_ss, B,
                                    S, Hq, Hkv, D, half, c2_off, mode, eps, HB: tl.constexpr,
                                    BT: tl.constexpr, BH: tl.constexpr):
-    """Persistent: program p walks tiles p, p + P, ...; its fp32 dw partials go to row p of
-    dw_ptr ((P, 2 D): q's weight in columns 0 .. D, k's in D .. 2 D, each written whenever
-    the weight exists), so that one launch sums both."""
+    """Persistent over token blocks: program p walks blocks p, p + P, ... of BT tokens, each
+    through all its heads, BH at a time (q, then k, then v), with the block's cos / sin
+    loaded once. Its fp32 dw partials go to row p of dw_ptr ((P, 2 D): q's weight in columns
+    0 .. D, k's in D .. 2 D, each written whenever the weight exists), so that one launch
+    sums both; those of the rotating halves are summed over a block's heads elementwise and
+    reduced once per block and kind."""
     dtype = dqkv_ptr.dtype.element_ty
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    ntiles = tl.cdiv(B * S, BT) * (tl.cdiv(Hq, BH) + 2 * tl.cdiv(Hkv, BH))
+    nblocks = tl.cdiv(B * S, BT)
     rot = 2 * half
     cols = tl.arange(0, HB)
-    # Partials of the rotating halves stay in registers; those of the pass-through dims
-    # (D > rotary_dim) accumulate in the program's own row in memory.
+    has_qw = mode & HAS_QW
+    has_kw = mode & HAS_KW
+    grouped = (mode & GROUPED) != 0
+    r = Hq // Hkv
     aq1 = tl.zeros((HB,), dtype=tl.float32)
     aq2 = tl.zeros((HB,), dtype=tl.float32)
     ak1 = tl.zeros((HB,), dtype=tl.float32)
     ak2 = tl.zeros((HB,), dtype=tl.float32)
+    # Partials of the pass-through dims (D > rotary_dim) accumulate in the program's own
+    # row in memory.
     dqw_row = dw_ptr + pid.to(tl.int64) * (2 * D)
     dkw_row = dqw_row + D
     for c0 in range(rot, D, HB):
         pc = c0 + cols
         tl.store(dqw_row + pc, tl.zeros((HB,), dtype=tl.float32),
-                 mask=(pc < D) & ((mode & HAS_QW) != 0))
+                 mask=(pc < D) & (has_qw != 0))
         tl.store(dkw_row + pc, tl.zeros((HB,), dtype=tl.float32),
-                 mask=(pc < D) & ((mode & HAS_KW) != 0))
-    for tile in range(pid, ntiles, nprog):
-        kind, in_rows, out_rows, mask, b, s, tmask = _tile(tile, B, S, Hq, Hkv, D, in_sb, in_ss, mode,
-                                                    BT, BH)
-        if kind == 2:
+                 mask=(pc < D) & (has_kw != 0))
+    for tb in range(pid, nblocks, nprog):
+        b, s, b64, s64, tok_in, tmask = _token_block(tb, B, S, in_sb, in_ss, mode, BT)
+        c1, c2, s1, s2 = _cos_sin(cos_ptr, sin_ptr, b, s, cos_sb, cos_ss, half, c2_off,
+                                  tmask, HB)
+        p1, p2 = _bwd_kind(0, dqo_ptr, qkv_ptr, dqkv_ptr, qw_ptr, dqw_row, tok_in, b64, s64,
+                           tmask, c1, c2, s1, s2, S, Hq, Hkv, D, r, grouped, half, eps, has_qw,
+                           mode, dtype, BT, BH, HB)
+        aq1 += p1
+        aq2 += p2
+        p1, p2 = _bwd_kind(1, dko_ptr, qkv_ptr, dqkv_ptr, kw_ptr, dkw_row, tok_in, b64, s64,
+                           tmask, c1, c2, s1, s2, S, Hq, Hkv, D, r, grouped, half, eps, has_kw,
+                           mode, dtype, BT, BH, HB)
+        ak1 += p1
+        ak2 += p2
+        # v heads: a copy
+        tok_out, h_step = _tokens_out(b64, s64, S, Hkv, D, mode)
+        for i in range(0, tl.cdiv(Hkv, BH)):
+            h, src, hm = _heads(2, i, Hq, Hkv, r, 1, grouped, BH)
+            in_rows, out_rows, mask = _head_rows(h, src, hm, tok_in, tok_out, h_step, tmask, D)
             _copy_rows(dvo_ptr, out_rows, dqkv_ptr, in_rows, mask, D, HB)
-        else:
-            g_ptr = tl.where(kind == 0, dqo_ptr, dko_ptr)
-            w_ptr = tl.where(kind == 0, qw_ptr, kw_ptr)
-            do_norm = tl.where(kind == 0, mode & HAS_QW, mode & HAS_KW)
-            _p, m1, g1 = _chunk(g_ptr, out_rows, mask, 0, half, HB)
-            _p, m2, g2 = _chunk(g_ptr, out_rows + half, mask, 0, half, HB)
-            c1, c2, s1, s2 = _cos_sin(cos_ptr, sin_ptr, b, s, cos_sb, cos_ss, half, c2_off,
-                                      tmask, HB)
-            # The gradient of the normalized row: the transposed rotation.
-            d1 = g1 * c1 + g2 * s2
-            d2 = g2 * c2 - g1 * s1
-            dst = dqkv_ptr + in_rows[:, :, None] + cols[None, None, :]
-            if do_norm != 0:
-                _p, _m, x1 = _chunk(qkv_ptr, in_rows, mask, 0, half, HB)
-                _p, _m, x2 = _chunk(qkv_ptr, in_rows + half, mask, 0, half, HB)
-                w1 = _weight(w_ptr, 0, half, HB)
-                w2 = _weight(w_ptr + half, 0, half, HB)
-                ss = tl.sum(x1 * x1 + x2 * x2, axis=2)
-                dot = tl.sum(d1 * w1 * x1 + d2 * w2 * x2, axis=2)
-                for c0 in range(rot, D, HB):
-                    _p, _m, x = _chunk(qkv_ptr, in_rows, mask, c0, D, HB)
-                    _p, _m, g = _chunk(g_ptr, out_rows, mask, c0, D, HB)
-                    ss += tl.sum(x * x, axis=2)
-                    dot += tl.sum(g * _weight(w_ptr, c0, D, HB) * x, axis=2)
-                rstd = 1.0 / tl.sqrt(ss / D + eps)
-                # mean(dn w x_hat) = rstd * mean(dn w x)
-                c = (dot * rstd / D)[:, :, None]
-                r3 = rstd[:, :, None]
-                tl.store(dst, (r3 * (d1 * w1 - x1 * r3 * c)).to(dtype), mask=m1)
-                tl.store(dst + half, (r3 * (d2 * w2 - x2 * r3 * c)).to(dtype), mask=m2)
-                p1 = tl.sum(tl.sum(d1 * rms_normalize(x1, r3, 1, dtype), axis=1), axis=0)
-                p2 = tl.sum(tl.sum(d2 * rms_normalize(x2, r3, 1, dtype), axis=1), axis=0)
-                is_q = kind == 0
-                aq1 += tl.where(is_q, p1, 0.0)
-                aq2 += tl.where(is_q, p2, 0.0)
-                ak1 += tl.where(is_q, 0.0, p1)
-                ak2 += tl.where(is_q, 0.0, p2)
-                dw_row = tl.where(is_q, dqw_row, dkw_row)
-                for c0 in range(rot, D, HB):
-                    _p, m, x = _chunk(qkv_ptr, in_rows, mask, c0, D, HB)
-                    _p, _m, g = _chunk(g_ptr, out_rows, mask, c0, D, HB)
-                    w = _weight(w_ptr, c0, D, HB)
-                    tl.store(dst + c0, (r3 * (g * w - x * r3 * c)).to(dtype), mask=m)
-                    pc = c0 + cols
-                    part = tl.sum(tl.sum(g * rms_normalize(x, r3, 1, dtype), axis=1), axis=0)
-                    acc = tl.load(dw_row + pc, mask=pc < D, other=0.0)
-                    tl.store(dw_row + pc, acc + part, mask=pc < D)
-            else:
-                tl.store(dst, d1.to(dtype), mask=m1)
-                tl.store(dst + half, d2.to(dtype), mask=m2)
-                for c0 in range(rot, D, HB):
-                    _p, m, g = _chunk(g_ptr, out_rows, mask, c0, D, HB)
-                    tl.store(dst + c0, g.to(dtype), mask=m)
-    tl.store(dqw_row + cols, aq1, mask=(cols < half) & ((mode & HAS_QW) != 0))
-    tl.store(dqw_row + half + cols, aq2, mask=(cols < half) & ((mode & HAS_QW) != 0))
-    tl.store(dkw_row + cols, ak1, mask=(cols < half) & ((mode & HAS_KW) != 0))
-    tl.store(dkw_row + half + cols, ak2, mask=(cols < half) & ((mode & HAS_KW) != 0))
+    tl.store(dqw_row + cols, aq1, mask=(cols < half) & (has_qw != 0))
+    tl.store(dqw_row + half + cols, aq2, mask=(cols < half) & (has_qw != 0))
+    tl.store(dkw_row + cols, ak1, mask=(cols < half) & (has_kw != 0))
+    tl.store(dkw_row + half + cols, ak2, mask=(cols < half) & (has_kw != 0))
 
 
 FWD_ARGS = ("qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr", "vo_ptr",
@@ -289,15 +401,16 @@ _TYPES = {"in_sb": "i64", "in_ss": "i64", "cos_sb": "i64", "cos_ss": "i64", "eps
 _ALIGNED = ("in_sb", "in_ss", "cos_sb", "cos_ss", "D", "half", "c2_off")
 
 # Per half block HB (the smallest power of 2 >= rotary_dim / 2), forward: (BT tokens, BH
-# heads, warps, COS_FIRST); backward: (BT, BH, warps), a persistent grid of 16 warps of
+# heads, warps, COS_FIRST); backward: (BT, BH, warps), a persistent grid of 8 warps of
 # programs per multiprocessor (the CUDA side). A tile is BT * BH rows of 2 * HB elements.
-# Timed at HB 64 (Qwen3-30B-A3B heads, 8192 tokens, benchmarks/NOTES.md v22 and v27): the
+# Timed at HB 64 (Qwen3-30B-A3B heads, 8192 tokens, benchmarks/NOTES.md v22, v27 and v33): the
 # forward's (16, 2, 4) with cos / sin loaded first is the fastest of the library's variants
-# on the H100 (62.1 us GPU) and the H200 (50.7 us); the backward's one-warp (8, 2, 1) at 16
-# programs a multiprocessor matches (16, 2, 2) at 8 on the H100 (127.6 / 128.0 us) and is 3 %
-# faster on the H200. The other half blocks keep the tiles of the first sweep, untimed.
+# on the H100 (62.1 us GPU) and the H200 (50.7 us); the backward's (4, 2, 1) is the fastest of
+# a sweep on the H200 (83.8 us, JIT, against 100.3 for the previous kernel at its (8, 2, 1)).
+# The other half blocks keep the forward's tiles of the first sweep, untimed; the backward's
+# hold the same 2 * 512 elements a warp as HB 64's (its registers are near the 255 limit).
 FWD_TILES = {16: (64, 2, 4, 0), 32: (32, 2, 4, 0), 64: (16, 2, 4, 1), 128: (8, 2, 4, 0)}
-BWD_TILES = {16: (64, 2, 2), 32: (32, 2, 2), 64: (8, 2, 1), 128: (8, 2, 2)}
+BWD_TILES = {16: (16, 2, 1), 32: (8, 2, 1), 64: (4, 2, 1), 128: (2, 2, 1)}
 
 
 def _cos_dtypes(dt):

@@ -1,7 +1,7 @@
 // CUDA kernels of fk::qkv_split_norm_rope: AOT-compiled Triton
 // (triton_src/qkv_split_norm_rope.py). Forward: one program per tile of tokens x heads.
-// Backward: a persistent grid writing fp32 partial weight gradients that rms_norm's
-// reduction sums.
+// Backward: a persistent grid over blocks of tokens (each through all their heads) writing
+// fp32 partial weight gradients that rms_norm's reduction sums.
 //
 // qkv is read through its two leading strides (a last dim with a stride other than 1 is
 // copied first; the backward reads a contiguous qkv). cos / sin of qkv's dtype or float32 are
@@ -29,7 +29,7 @@ constexpr int64_t kMaxHalf = 128;  // the largest half block built (rotary_dim <
 struct Launch {
   const runtime::KernelSpec* kern;
   Tensor cos, sin;
-  int64_t in_sb, in_ss, cos_sb, cos_ss, half, c2_off, tiles;
+  int64_t in_sb, in_ss, cos_sb, cos_ss, half, c2_off, blocks, tiles;
   int mode;
   uint32_t flags;
 };
@@ -58,9 +58,11 @@ Launch prepare(const char* op, const runtime::KernelFamily& fam, const QkvSplit&
   l.flags = (aligned ? runtime::kFlagAligned | (p.s % 16 == 0 ? runtime::kFlagRows16 : 0) : 0) |
             (l.cos.scalar_type() != x.scalar_type() ? kFlagCosFp32 : 0);
   l.kern = &fam.pick(op, x, l.half, l.flags);
+  // The forward's tiles of BT tokens x BH heads; the backward takes every head of a block
+  // of BT tokens.
   const int64_t bt = l.kern->constexpr_value("BT"), bh = l.kern->constexpr_value("BH");
-  l.tiles = checks::ceil_div(p.b * p.s, bt) *
-            (checks::ceil_div(p.hq, bh) + 2 * checks::ceil_div(p.hkv, bh));
+  l.blocks = checks::ceil_div(p.b * p.s, bt);
+  l.tiles = l.blocks * (checks::ceil_div(p.hq, bh) + 2 * checks::ceil_div(p.hkv, bh));
   return l;
 }
 
@@ -115,10 +117,12 @@ std::tuple<Tensor, Tensor, Tensor> qkv_split_norm_rope_backward_cuda(
   static const auto& family_bwd = runtime::family("qkv_split_norm_rope_bwd");
   const auto l = prepare(op, family_bwd, p, x, q_norm_weight, k_norm_weight,
                          cos, sin, {&gq, &gk, &gv, &dqkv});
-  // Persistent grid: 16 warps of programs per multiprocessor (eight programs of 2 warps,
-  // 16 of one), each over a stride of tiles (benchmarks/NOTES.md v22, v27).
+  // Persistent grid over blocks of BT tokens (each program takes every head of its blocks):
+  // 8 warps of programs per multiprocessor, as many as its registers let run at once
+  // (benchmarks/NOTES.md v33; 16 were as fast, with twice the partial rows to sum).
   const int64_t programs =
-      runtime::persistent_grid(l.tiles, qkv.device(), runtime::programs_per_sm(l.kern->num_warps))
+      runtime::persistent_grid(l.blocks, qkv.device(),
+                               runtime::programs_per_sm(l.kern->num_warps, 8))
           .programs;
   // Partial weight gradients, q's then k's in one row a program, written whenever the
   // weight exists (even if frozen), summed by one launch.
