@@ -2,9 +2,10 @@
 only; the library uses the AOT variants in triton_src/qkv_split_norm_rope.py). At one shape
 (Megatron's grouped (S, B, N) qkv, both norm weights, full rotary, bshd outputs) it times the
 forward over tiles of BT tokens x BH heads and warps (cos / sin loaded after the rows'
-statistics, or first: COS_FIRST), and the backward over the same and the
-persistent programs per multiprocessor, so the best ones can be written into
-triton_src/qkv_split_norm_rope.py (FWD_TILES, BWD_TILES) and the CUDA dispatch as data.
+statistics, or first: COS_FIRST), and the backward over blocks of BT tokens walked BH heads at
+a time, warps, the persistent programs per multiprocessor and register caps, so the best ones
+can be written into triton_src/qkv_split_norm_rope.py (FWD_TILES, BWD_TILES) and the CUDA
+dispatch as data. Every configuration must give the first one's outputs before it is timed.
 The qkv is (S, B, N) with B = --batch (2 by default, as the benchmark's 8192 tokens in
 sequences of 4096; at B = 1 the JIT makes the batch a constant, which the library's variants
 do not). The backward's times are the kernel's alone: the library also sums the programs'
@@ -13,7 +14,8 @@ weight-gradient rows afterwards, so a grid of more programs gains less there tha
 
     python benchmarks/tune_qkv_split_norm_rope.py [--tokens 8192] [--heads 32] [--kv-heads 4]
                                                   [--head-dim 128] [--top 8] [--cos-first 0,1]
-                                                  [--per-sm 1,2,4,8,16] [--kernels fwd,bwd]
+                                                  [--per-sm 2,4,8,16,32] [--kernels fwd,bwd]
+                                                  [--maxnreg 0,128]
 """
 import argparse
 import itertools
@@ -47,10 +49,12 @@ def main():
     ap.add_argument("--warps", default="1,2,4,8", help="comma-separated warp counts to sweep")
     ap.add_argument("--bt", default="2,4,8,16,32", help="comma-separated tokens per tile")
     ap.add_argument("--bh", default="1,2,4,8", help="comma-separated heads per tile")
-    ap.add_argument("--cos-first", default="0,1", help="forward forms: COS_FIRST 0 and / or 1")
-    ap.add_argument("--per-sm", default="1,2,4,8,16",
+    ap.add_argument("--per-sm", default="2,4,8,16,32",
                     help="backward: comma-separated persistent programs per multiprocessor")
+    ap.add_argument("--cos-first", default="0,1", help="forward forms: COS_FIRST 0 and / or 1")
     ap.add_argument("--kernels", default="fwd,bwd", help="which kernels to sweep")
+    ap.add_argument("--maxnreg", default="0",
+                    help="backward: comma-separated register caps (0: none; ptxas chooses)")
     args = ap.parse_args()
     t, hq, hkv, d = args.tokens, args.heads, args.kv_heads, args.head_dim
     dt = torch.bfloat16
@@ -75,33 +79,60 @@ def main():
     fwd_bytes = 2 * t * n * 2
     bwd_bytes = 3 * t * n * 2
     results = {"fwd": [], "bwd": []}
+    first = {}
+
+    def same_as_first(kind, got, bt, bh, warps):
+        """The outputs of a configuration against the first one's, up to the order of the
+        fp32 sums (which can move a bf16 rounding, and the rotation scales that by cos and
+        sin)."""
+        first.setdefault(kind, got)
+        for a, b, what in zip(got, first[kind], range(len(got))):
+            torch.testing.assert_close(
+                a, b, rtol=2e-2, atol=5e-2,
+                msg=lambda m: f"{kind} BT {bt} BH {bh} warps {warps}: output {what}: {m}")
 
     for bt, bh, warps in itertools.product(ints(args.bt), ints(args.bh), ints(args.warps)):
         if bt * bh * hb > 16384:
             continue
         tiles = triton.cdiv(t, bt) * (triton.cdiv(hq, bh) + 2 * triton.cdiv(hkv, bh))
         for cf in ints(args.cos_first) if "fwd" in args.kernels else ():
-            ms = bench(lambda: K.qkv_split_norm_rope_fwd_kernel[(tiles,)](
-                qkv, qw, kw, cos, sin, *outs, *common, HB=hb, BT=bt, BH=bh, COS_FIRST=cf,
-                num_warps=warps))
-            results["fwd"].append((ms, bt, bh, warps, 0, cf))
+            def fwd():
+                K.qkv_split_norm_rope_fwd_kernel[(tiles,)](
+                    qkv, qw, kw, cos, sin, *outs, *common, HB=hb, BT=bt, BH=bh, COS_FIRST=cf,
+                    num_warps=warps)
+            for o in outs:
+                o.fill_(float("nan"))
+            fwd()
+            same_as_first("fwd", [o.float() for o in outs], bt, bh, warps)
+            ms = bench(fwd)
+            results["fwd"].append((ms, bt, bh, warps, 0, 0, cf))
             print(f"fwd BT {bt:2d} BH {bh} warps {warps} COS_FIRST {cf}: {ms * 1e3:8.1f} us",
                   flush=True)
-        for per_sm in ints(args.per_sm) if "bwd" in args.kernels else ():
-            progs = min(tiles, per_sm * sms)
-            ms = bench(lambda: K.qkv_split_norm_rope_bwd_kernel[(progs,)](
-                *grads, qkv, qw, kw, cos, sin, dqkv, part, *common, HB=hb, BT=bt, BH=bh,
-                num_warps=warps))
-            results["bwd"].append((ms, bt, bh, warps, per_sm, None))
-            print(f"bwd BT {bt:2d} BH {bh} warps {warps} programs/SM {per_sm:2d}: "
-                  f"{ms * 1e3:8.1f} us", flush=True)
+        bwd = itertools.product(ints(args.per_sm), ints(args.maxnreg))
+        for per_sm, cap in bwd if "bwd" in args.kernels else ():
+            # the backward walks blocks of BT tokens, each through all its heads
+            progs = min(triton.cdiv(t, bt), per_sm * sms)
+            opts = {"maxnreg": cap} if cap else {}
+
+            def run():
+                K.qkv_split_norm_rope_bwd_kernel[(progs,)](
+                    *grads, qkv, qw, kw, cos, sin, dqkv, part, *common, HB=hb, BT=bt, BH=bh,
+                    num_warps=warps, **opts)
+            dqkv.fill_(float("nan"))
+            run()
+            same_as_first("bwd", (dqkv.float(), part[:progs].sum(0)), bt, bh, warps)
+            ms = bench(run)
+            results["bwd"].append((ms, bt, bh, warps, per_sm, cap, None))
+            print(f"bwd BT {bt:2d} BH {bh} warps {warps} programs/SM {per_sm:2d} maxnreg "
+                  f"{cap}: {ms * 1e3:8.1f} us", flush=True)
     name = torch.cuda.get_device_name(0)
     for kind, nbytes in (("fwd", fwd_bytes), ("bwd", bwd_bytes)):
         print(f"{kind}: tokens {t}, heads {hq} + 2 x {hkv}, head_dim {d}, bf16, {name}")
         best = sorted(results[kind], key=lambda r: r[0])[:args.top]
-        for ms, bt, bh, warps, per_sm, cf in best:
+        for ms, bt, bh, warps, per_sm, cap, cf in best:
             print(f"  {ms * 1e3:8.1f} us  {nbytes / ms / 1e6:7.0f} GB/s  BT {bt:2d} BH {bh} "
                   f"warps {warps}" + (f" programs/SM {per_sm}" if per_sm else "")
+                  + (f" maxnreg {cap}" if cap else "")
                   + (f" COS_FIRST {cf}" if cf is not None else ""))
 
 
