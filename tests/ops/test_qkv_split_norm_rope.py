@@ -519,9 +519,10 @@ CUDA_SHAPES = {
     "half_width": (2, 13, 8, 2, 64, 64, 32, (False, True)),
     "no_norm": (2, 17, 8, 4, 128, None, 128, (False, False)),
     "odd_dims": (2, 7, 3, 1, 38, None, 26, (True, True)),
-    # 1280 tiles at head_dim 128: a backward grid of over 1024 programs, whose weight
-    # gradients are summed in the tall steps (triton_src/rms_norm.py FLAG_DW_TALL)
-    "many_programs": (2, 256, 32, 4, 128, None, 128, (True, True)),
+    # 4096 tokens: 1024 blocks of the backward's 4 tokens at head_dim 128, so a grid of 1024
+    # programs on a GPU of 128 or more multiprocessors (8 one-warp programs each), whose
+    # weight gradients are summed in the tall steps (triton_src/rms_norm.py FLAG_DW_TALL)
+    "many_programs": (2, 2048, 32, 4, 128, None, 128, (True, True)),
 }
 
 
