@@ -1,9 +1,11 @@
 """Sweep the kernels of moe_permute_fp8 with Triton's JIT (tuning only; the library uses the
 AOT variants in triton_src/moe_permute_fp8.py): the scatter kernel's 128-column blocks per
 step (NB) and warps (the row-wise copy alone), and the tile kernel's warps and form (plain
-or slabs; the column-wise copy, and both). Prints the median time and the fraction of the
-measured copy bandwidth of the bytes each must move (read the tokens, write each float8 copy
-of the T * k routed rows and its scales).
+or slabs; the column-wise copy, and both), for the column-wise copy alone in slabs also the
+tile's width (TILE_K 128, 64 and 32: the library's FLAG_COLS variant, COLS_TILE, against
+the 128 columns of the others). Prints the median time and the fraction of the measured copy
+bandwidth of the bytes each must move (read the tokens, write each float8 copy of the T * k
+routed rows and its scales).
 
     python benchmarks/tune_moe_permute_fp8.py [--tokens 8192] [--hidden 2048] [--experts 256]
     TRITON_INTERPRET=1 python benchmarks/tune_moe_permute_fp8.py --device cpu --tokens 40 \
@@ -51,7 +53,8 @@ def main():
     one = t * k * h + 4 * t * k * triton.cdiv(h, 128)
     print(f"tokens {t}, hidden {h}, {e} experts top {k}, {n} permuted rows (pad_to "
           f"{args.pad_to}), bf16; library NB {K.NB['bf16']}, scatter warps {K.SCATTER_WARPS}, "
-          f"tile warps {K.TILE_WARPS}", flush=True)
+          f"tile warps {K.TILE_WARPS}, column-wise alone (TILE_K, warps) {K.COLS_TILE}",
+          flush=True)
 
     def f8(a):
         return a.float()
@@ -81,20 +84,24 @@ def main():
     eb = min(b for b in K.E_BLOCKS if b >= e)
     for want_row in (0, 1):
         for packed in (0, 1):
-            for w in ((4,) if args.quick else (2, 4, 8)):
-                def run():
-                    K.moe_permute_fp8_tile_kernel[(rows_t + 1, triton.cdiv(h, 128))](
-                        x, src, tpe, probs, pp3, q3, s3, qt3, st3, t, h, e, n, want_row, 1, 0,
-                        E_BLOCK=eb, PACKED=packed, num_warps=w)
-                st3.fill_(float("nan"))
-                run()
-                name = f"tile row={want_row} packed={packed} warps={w}"
-                T.check(name, [st3[:rows_t], pp3] + ([s3] if want_row else []),
-                        [st, pp] + ([s] if want_row else []), 0.0)
-                T.check(name + " data", [f8(qt3)] + ([f8(q3)] if want_row else []),
-                        [f8(qt)] + ([f8(q)] if want_row else []), 0.0, rtol)
-                T.timed(f"tile {'both' if want_row else 'col '} packed={packed} warps={w}", run,
-                        t * h * 2 + one * (1 + want_row))
+            # the row-wise copy's 1 x 128 blocks need 128 columns a tile; the column-wise
+            # copy alone in slabs (the aligned variant) also narrower tiles
+            for tk in ((128, 64, 32) if packed and not want_row else (128,)):
+                for w in ((4,) if args.quick else (2, 4, 8)):
+                    def run():
+                        K.moe_permute_fp8_tile_kernel[(rows_t + 1, triton.cdiv(h, tk))](
+                            x, src, tpe, probs, pp3, q3, s3, qt3, st3, t, h, e, n, want_row, 1,
+                            0, E_BLOCK=eb, PACKED=packed, TILE_K=tk, num_warps=w)
+                    for v in (q3, s3, qt3, st3, pp3):  # an element not written shows
+                        v.fill_(float("nan"))
+                    run()
+                    name = f"tile row={want_row} packed={packed} TILE_K={tk} warps={w}"
+                    T.check(name, [st3[:rows_t], pp3] + ([s3] if want_row else []),
+                            [st, pp] + ([s] if want_row else []), 0.0)
+                    T.check(name + " data", [f8(qt3)] + ([f8(q3)] if want_row else []),
+                            [f8(qt)] + ([f8(q)] if want_row else []), 0.0, rtol)
+                    T.timed(f"tile {'both' if want_row else 'col '} packed={packed} "
+                            f"TILE_K={tk:3d} warps={w}", run, t * h * 2 + one * (1 + want_row))
 
 
 if __name__ == "__main__":

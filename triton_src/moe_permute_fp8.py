@@ -16,17 +16,20 @@ holds token src[r] (zeros where src[r] < 0), and the quantized copies are those 
         token's quantized row is the same for all its rows, so it is computed once.
   moe_permute_fp8_tile_kernel  a column-wise copy (and the row-wise one with it): a program
         per 128-row block of a segment (segment_block_rows: blocks counted segment by
-        segment, the column-wise scales' rows) and 128 columns. It gathers the block's rows
-        from the tokens (src) and quantizes the tile both ways (fp8_store_tile): the
+        segment, the column-wise scales' rows) and TILE_K columns. It gathers the block's
+        rows from the tokens (src) and quantizes the tile both ways (fp8_store_tile): the
         column-wise copy qt (H, N) per segment (scales st, row rb), the row-wise one when
-        want_row. PACKED (the aligned variant; N % 4 == 0) reads the block as four slabs of
-        rows row0 + 4 i + j and stores the column-wise copy in 32-bit words of four rows'
-        bytes where the block's first row and end are multiples of 4 (every block when
-        pad_to is), byte by byte elsewhere (_common.fp8_store_packed, as the MoE SwiGLU
-        forward does); a block of at most 64 rows runs a half-height tile. Programs past
-        the last block cover the rows after the last segment, 128 each, as zero rows (the
-        launcher gives one program more than st has rows, and st one row more, which it
-        drops). Programs with cb == 0 write pout (want_pp).
+        want_row. TILE_K is 128, which the row-wise copy's 1 x 128 blocks need; a column-wise
+        block is 128 rows x 1 column, so the column-wise copy alone runs narrower tiles in
+        its aligned variant (FLAG_COLS, COLS_TILE). PACKED (the aligned variant;
+        N % 4 == 0) reads the block as four slabs of rows row0 + 4 i + j and stores the
+        column-wise copy in 32-bit words of four rows' bytes where the block's first row and
+        end are multiples of 4 (every block when pad_to is), byte by byte elsewhere
+        (_common.fp8_store_packed, as the MoE SwiGLU forward does); a block of at most 64
+        rows runs a half-height tile. Programs past the last block cover the rows after the
+        last segment, 128 each, as zero rows (the launcher gives one program more than st
+        has rows, and st one row more, which it drops). Programs with cb == 0 write pout
+        (want_pp).
 
 Offsets are int64. Built for sm_90 and newer only (as fp8_quantize).
 """
@@ -40,7 +43,7 @@ from _common import (DTYPES, FLAG_ALIGNED, Variant, aligned_args, fp8_amax, fp8_
 KB = 8  # routed entries per token handled per pass (as moe_permute's)
 BE = 128  # experts per chunk of a token's row-map row
 ZR = 32  # rows per padding program of the scatter kernel
-TILE = tl.constexpr(128)  # rows and columns of a tile of the tile kernel
+TILE = tl.constexpr(128)  # rows of the tile kernel's tiles, and columns but in COLS_TILE's form
 
 
 @triton.jit
@@ -104,14 +107,15 @@ def _gathered(x_ptr, src_ptr, rows, cols, end, H):
 
 @triton.jit
 def _slab_tile(x_ptr, src_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, row0, end, rb, cb, H, N, want_row,
-               pow2, ROWS: tl.constexpr):
-    """The block's rows row0 .. end - 1 (at most ROWS) read as four slabs of rows
-    row0 + 4 i + j and quantized by _common.fp8_store_packed: the column-wise copy in 32-bit
-    words when the block's first row and end are multiples of 4, byte by byte otherwise."""
+               pow2, ROWS: tl.constexpr, TILE_K: tl.constexpr):
+    """The block's rows row0 .. end - 1 (at most ROWS) at the cb-th TILE_K columns, read as
+    four slabs of rows row0 + 4 i + j and quantized by _common.fp8_store_packed: the
+    column-wise copy in 32-bit words when the block's first row and end are multiples of 4,
+    byte by byte otherwise."""
     grp = (row0 >> 2) + tl.arange(0, ROWS // 4)
     off = row0 & 3
     r = 4 * grp + off
-    cols = cb.to(tl.int64) * TILE + tl.arange(0, TILE)
+    cols = cb.to(tl.int64) * TILE_K + tl.arange(0, TILE_K)
     fp8_store_packed(_gathered(x_ptr, src_ptr, r, cols, end, H),
                      _gathered(x_ptr, src_ptr, r + 1, cols, end, H),
                      _gathered(x_ptr, src_ptr, r + 2, cols, end, H),
@@ -123,7 +127,10 @@ def _slab_tile(x_ptr, src_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, row0, end, rb, cb, 
 @triton.jit
 def moe_permute_fp8_tile_kernel(x_ptr, src_ptr, tpe_ptr, pin_ptr, pout_ptr, q_ptr, s_ptr, qt_ptr,
                                 st_ptr, T, H, E, N, want_row, want_pp, pow2,
-                                E_BLOCK: tl.constexpr, PACKED: tl.constexpr = 0):
+                                E_BLOCK: tl.constexpr, PACKED: tl.constexpr = 0,
+                                TILE_K: tl.constexpr = 128):
+    # Tile (rb, cb): rows of the rb-th block, columns cb * TILE_K ..; with want_row, TILE_K
+    # must be 128 (cb is then the row-wise scales' row; the launcher sees to it).
     rb = tl.program_id(0)
     cb = tl.program_id(1)
     row0, end, e = segment_block_rows(tpe_ptr, rb, N, E, E_BLOCK)
@@ -136,13 +143,13 @@ def moe_permute_fp8_tile_kernel(x_ptr, src_ptr, tpe_ptr, pin_ptr, pout_ptr, q_pt
         # half-height slabs, the same bytes for half the instructions.
         if end - row0 <= TILE // 2:
             _slab_tile(x_ptr, src_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, row0, end, rb, cb, H, N,
-                       want_row, pow2, TILE // 2)
+                       want_row, pow2, TILE // 2, TILE_K)
         else:
             _slab_tile(x_ptr, src_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, row0, end, rb, cb, H, N,
-                       want_row, pow2, TILE)
+                       want_row, pow2, TILE, TILE_K)
     else:
         rows = row0 + tl.arange(0, TILE)
-        cols = cb.to(tl.int64) * TILE + tl.arange(0, TILE)
+        cols = cb.to(tl.int64) * TILE_K + tl.arange(0, TILE_K)
         fp8_store_tile(_gathered(x_ptr, src_ptr, rows, cols, end, H), rows, cols, rows < end,
                        cols < H, q_ptr, s_ptr, qt_ptr, st_ptr, N, H, cb, rb, want_row, 1, pow2)
     if (want_pp != 0) & (cb == 0):
@@ -165,11 +172,12 @@ _KERNELS = {
     "moe_permute_fp8_tile": ("moe_permute_fp8_tile_kernel",
                              ("x_ptr", "src_ptr", "tpe_ptr", "pin_ptr", "pout_ptr", "q_ptr",
                               "s_ptr", "qt_ptr", "st_ptr", "T", "H", "E", "N", "want_row",
-                              "want_pp", "pow2"), ("E_BLOCK",)),
+                              "want_pp", "pow2"), ("E_BLOCK", "PACKED", "TILE_K")),
 }
 _PROBS_ARGS = ("pin_ptr", "pout_ptr")
 _ALIGNED_ARGS = ("x_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr")
 FLAG_PROBS_F32 = 2  # as triton_src/moe_permute.py: float32 probs with 16-bit tokens
+FLAG_COLS = 4  # the tile kernel's form for the column-wise copy alone (aligned variants only)
 # 128-column blocks per step of the scatter kernel (2 blocks: 512 bytes of a 16-bit row).
 NB = {"fp32": 1, "bf16": 2, "fp16": 2}
 SCATTER_WARPS = 1  # one token a program, as moe_permute's scatter
@@ -178,6 +186,11 @@ E_BLOCKS = (64, 256, 1024)
 # Warps of the tile kernel, plain (PACKED = 0) and slab (PACKED = 1) forms: as the MoE SwiGLU
 # forward's (triton_src/swiglu_fp8.py), whose tiles are the same.
 TILE_WARPS = (8, 4)
+# (TILE_K, warps) of the slab form (PACKED = 1) writing the column-wise copy alone (FLAG_COLS):
+# 128 x 64 tiles at 2 warps (tune_moe_permute_fp8.py, linghe's shape, H200, JIT: 187.0 us
+# against 208.4 for 128 x 128 at 4 warps; 128 x 64 at 4 warps 231.1, and the library at that
+# config 0.2321 -> 0.2558 ms; benchmarks/NOTES.md v33).
+COLS_TILE = (64, 2)
 
 
 def variants(arch: int) -> list:
@@ -204,13 +217,18 @@ def variants(arch: int) -> list:
                                        num_warps=SCATTER_WARPS, flags=flags,
                                        divisible_by_16=hints))
                     continue
-                sig["PACKED"] = "constexpr"
-                for eb in E_BLOCKS:
-                    # The aligned variant (N % 4 == 0 too) reads slabs (PACKED = 1).
-                    packed = int(bool(flags & FLAG_ALIGNED))
-                    out.append(Variant(family=family, kernel=kernel, dtype=dt, block=eb,
-                                       signature=sig,
-                                       constexprs={"E_BLOCK": eb, "PACKED": packed},
-                                       num_warps=TILE_WARPS[packed], flags=flags,
-                                       divisible_by_16=hints))
+                # The aligned variant (N % 4 == 0 too) reads slabs (PACKED = 1), at 128
+                # columns and, for the column-wise copy alone, at COLS_TILE's (FLAG_COLS).
+                packed = int(bool(flags & FLAG_ALIGNED))
+                forms = [(0, TILE.value, TILE_WARPS[packed])]
+                if packed:
+                    forms.append((FLAG_COLS, *COLS_TILE))
+                for form, tile_k, warps in forms:
+                    for eb in E_BLOCKS:
+                        out.append(Variant(family=family, kernel=kernel, dtype=dt, block=eb,
+                                           signature=sig,
+                                           constexprs={"E_BLOCK": eb, "PACKED": packed,
+                                                       "TILE_K": tile_k},
+                                           num_warps=warps, flags=flags | form,
+                                           divisible_by_16=hints))
     return out

@@ -46,9 +46,11 @@ def special_tokens(t, h, dtype):
 
 # --- level 1: the Triton source under the interpreter (float32 in place of float8) --------
 
-def _interp(tokens, rmap, probs, pad_to, layout, pow2, extra_rows=0, packed=0, fp8=False):
-    """Runs moe_permute's map kernels, then this op's kernel for the layout; returns
-    (q, s, qt, st, pout, row_map, tpe) as the reference has them."""
+def _interp(tokens, rmap, probs, pad_to, layout, pow2, extra_rows=0, packed=0, fp8=False,
+            tile_k=128):
+    """Runs moe_permute's map kernels, then this op's kernel for the layout (the tile
+    kernel's tiles tile_k columns wide); returns (q, s, qt, st, pout, row_map, tpe) as the
+    reference has them."""
     mod = load_triton_src("moe_permute_fp8")
     t, h = tokens.shape
     e = rmap.shape[1]
@@ -69,12 +71,18 @@ def _interp(tokens, rmap, probs, pad_to, layout, pow2, extra_rows=0, packed=0, f
             tokens, row_map, q, s, pin, pout, src, t, h, e, n, want_pp, int(pow2), KB=2, BE=4,
             NB=2, ZR=4)
     else:
-        mod.moe_permute_fp8_tile_kernel[(rows_t + 1, nk)](
+        mod.moe_permute_fp8_tile_kernel[(rows_t + 1, cdiv(h, tile_k))](
             tokens, src, tpe, pin, pout, q, s, qt, st, t, h, e, n,
-            int(layout == "both"), want_pp, int(pow2), E_BLOCK=16, PACKED=packed)
+            int(layout == "both"), want_pp, int(pow2), E_BLOCK=16, PACKED=packed,
+            TILE_K=tile_k)
     got_q = (q, s) if layout != "columnwise" else (None, None)
     got_t = (qt, st[:rows_t]) if layout != "rowwise" else (None, None)
     return (*got_q, *got_t, pout if probs is not None else None, row_map, tpe)
+
+
+def _bits(v):
+    """v's bit patterns where it is float8 or float32 (NaNs then compare equal)."""
+    return v.view({FP8: torch.uint8, torch.float32: torch.int32}.get(v.dtype, v.dtype))
 
 
 def check(got, ref):
@@ -121,29 +129,68 @@ def test_interpreter(dtype, layout, k, pad_to, extra, packed):
         slabs = _interp(x, rmap, p, pad_to, layout, pow2, extra, packed=1, fp8=True)
         for a, b in zip(plain, slabs):
             if a is not None:
-                assert torch.equal(a.view(torch.uint8) if a.dtype == FP8 else a.view(torch.int32)
-                                   if a.dtype == torch.float32 else a,
-                                   b.view(torch.uint8) if b.dtype == FP8 else b.view(torch.int32)
-                                   if b.dtype == torch.float32 else b)
+                assert torch.equal(_bits(a), _bits(b))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pad_to,extra", [(4, 0), (16, 40), (1, 12)])
+def test_interpreter_columnwise_narrow_tiles(dtype, pad_to, extra):
+    """The column-wise copy alone in the aligned variant's narrower tiles (FLAG_COLS,
+    COLS_TILE: slabs TILE_K columns wide), as the launcher runs it: segments of more than 128
+    rows (a full block, then a partial one; blocks of more and of at most 64 rows), H = 300
+    (a last tile of 44 columns), INTERP's pad_to (1: blocks stored byte by byte), rows past
+    the last segment, empty experts, special values."""
+    mod = load_triton_src("moe_permute_fp8")
+    tile_k = mod.COLS_TILE[0]
+    t, e, h = 200, 5, 300
+    assert tile_k < 128 and h % tile_k and h % 128
+    rmap, probs = routing(t, e, 3, empty=(2,))
+    rmap[5] = False
+    x = special_tokens(t, h, dtype)
+    args = (x, rmap, probs, pad_to, "columnwise", extra > 0, extra)
+    # The plain form at this width, float32 data (before the float8 cast) against the
+    # reference.
+    plain = _interp(*args, tile_k=tile_k)
+    check(plain, ref_quantized(*args[:6], plain[2].shape[1]))
+    tpe = plain[6].tolist()
+    assert max(tpe) > 128 and any(0 < c % 128 <= 64 for c in tpe), tpe
+    # The slab form stores float8 (words of float8 bytes): its data against the plain form's
+    # float8 bytes at this width (both through the interpreter's float8 cast, which can land
+    # a value one binade low, so not against the reference's cast), its scales and probs
+    # against the reference.
+    slabs = _interp(*args, packed=1, fp8=True, tile_k=tile_k)
+    plain8 = _interp(*args, packed=0, fp8=True, tile_k=tile_k)
+    ref = ref_quantized(*args[:6], slabs[2].shape[1])
+    assert torch.equal(_bits(slabs[2]), _bits(plain8[2]))
+    check(slabs, (*ref[:2], plain8[2], *ref[3:]))
 
 
 def test_variants_cover_every_dtype():
     """sm_90 and newer: per dtype and flags (aligned, float32 probs with 16-bit tokens) one
-    scatter variant and one tile variant per expert block; no FP8 kernels before sm_89."""
+    scatter variant and one tile variant per expert block, each once, and with the aligned
+    flag one tile variant more per expert block for the column-wise copy alone (FLAG_COLS,
+    at COLS_TILE's width and warps); no FP8 kernels before sm_89."""
     mod = load_triton_src("moe_permute_fp8")
     assert mod.variants(80) == []
     for arch in (90, 100, 120):
-        keys = {(v.family, v.dtype, v.flags, v.block) for v in mod.variants(arch)}
+        want = []
         for dt in ("fp32", "bf16", "fp16"):
             for flags in (0, 1, 2, 3):
                 if dt == "fp32" and flags & 2:
                     continue
-                assert ("moe_permute_fp8_scatter", dt, flags, 1) in keys
-                for eb in mod.E_BLOCKS:
-                    assert ("moe_permute_fp8_tile", dt, flags, eb) in keys
-        for v in mod.variants(arch):
+                want.append(("moe_permute_fp8_scatter", dt, flags, 1))
+                for form in ((0, mod.FLAG_COLS) if flags & 1 else (0,)):
+                    want += [("moe_permute_fp8_tile", dt, flags | form, eb)
+                             for eb in mod.E_BLOCKS]
+        vs = mod.variants(arch)
+        assert sorted((v.family, v.dtype, v.flags, v.block) for v in vs) == sorted(want)
+        for v in vs:
             if v.family == "moe_permute_fp8_tile":
                 assert v.constexprs["PACKED"] == v.flags & 1  # slabs in the aligned variant
+                # (TILE_K, warps): 128 columns but for the column-wise copy alone
+                assert (v.constexprs["TILE_K"], v.num_warps) == (
+                    mod.COLS_TILE if v.flags & mod.FLAG_COLS
+                    else (128, mod.TILE_WARPS[v.flags & 1]))
         assert max(mod.E_BLOCKS) == 1024  # the launcher's expert limit
 
 
@@ -323,6 +370,15 @@ def _need_fp8_gpu():
         pytest.skip("no FP8 GPU (compute capability < 9.0)")
 
 
+def _same_outputs(got, want):
+    """Outputs as run() gives them, on any devices: the same values, shapes and dtypes."""
+    for j, (g, w) in enumerate(zip(got, want)):
+        assert (g is None) == (w is None), j
+        if g is not None:  # values (a NaN's sign bit may differ)
+            assert g.shape == w.shape and g.dtype == w.dtype, j
+            same(g.cpu(), w.cpu())
+
+
 CUDA_CASES = [
     # (T, E, H, k, pad_to)
     (1, 1, 1, 1, 1),
@@ -331,6 +387,9 @@ CUDA_CASES = [
     (513, 130, 2048, 8, 128),  # E not a power of two
     (1000, 300, 777, 16, 1),  # two passes of the scatter's 8 experts; expert block 1024
     (2048, 256, 2048, 8, 16),  # linghe's experts
+    # aligned H not a multiple of 64: the column-wise copy alone's narrower tiles (COLS_TILE)
+    # end in a partial one; segments of more than 128 rows
+    (600, 8, 1040, 2, 4),
 ]
 
 
@@ -354,14 +413,25 @@ def test_cuda_matches_cpu(dtype, layout, case):
                                      (x, None, {"topk": k}))):
         pow2 = i == 1
         poison_cuda_cache()
-        got = run(xx, rmap, p, pad_to, layout, pow2, **kw)
-        want = run(xx.cpu(), rmap.cpu(), None if p is None else p.cpu(), pad_to, layout, pow2,
-                   **kw)
-        for j, (g, w) in enumerate(zip(got, want)):
-            assert (g is None) == (w is None), j
-            if g is not None:  # values (a NaN's sign bit may differ)
-                assert g.shape == w.shape and g.dtype == w.dtype, j
-                same(g.cpu(), w)
+        _same_outputs(run(xx, rmap, p, pad_to, layout, pow2, **kw),
+                      run(xx.cpu(), rmap.cpu(), None if p is None else p.cpu(), pad_to, layout,
+                          pow2, **kw))
+
+
+@pytest.mark.cuda
+def test_cuda_columnwise_rows_too_wide_for_narrow_tiles():
+    """The column-wise copy alone of aligned rows that need more of its narrower tiles
+    (COLS_TILE's 64 columns) than the grid's y dimension takes (65535): the launcher runs
+    128-column tiles instead. Against the copy layout "both" writes, in 128-column tiles
+    (its row-wise copy needs them), itself checked against the CPU backend at narrower rows
+    above: the CPU backend takes half a minute at this width."""
+    _need_fp8_gpu()
+    h = 65535 * 64 + 16
+    rmap, probs = routing(4, 2, 1, device="cuda")
+    x = randn(4, h, dtype=torch.bfloat16, device="cuda", scale=3.0)
+    both = run(x, rmap, probs, 4, "both")
+    poison_cuda_cache()
+    _same_outputs(run(x, rmap, probs, 4, "columnwise")[2:], both[2:])
 
 
 @pytest.mark.cuda

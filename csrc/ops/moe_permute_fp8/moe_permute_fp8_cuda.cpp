@@ -2,7 +2,8 @@
 // AOT-compiled Triton kernel (triton_src/moe_permute_fp8.py) that gathers and quantizes:
 // the scatter kernel (each token read once, its quantized row written to each of its rows)
 // for the row-wise copy alone, the tile kernel (128-row blocks of each segment gathered and
-// quantized both ways) when the column-wise copy is asked for.
+// quantized both ways, 128 columns a program, or the picked variant's narrower tile for the
+// column-wise copy alone) when the column-wise copy is asked for.
 #include <cstdint>
 
 #include "ops/moe_permute_fp8/moe_permute_fp8.h"
@@ -17,6 +18,9 @@ using runtime::KernelArgs;
 using Out7 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 
 constexpr uint32_t kFlagProbsF32 = 2;  // triton_src/moe_permute_fp8.py FLAG_PROBS_F32
+// The tile kernel's form for the column-wise copy alone, in its aligned variant only
+// (triton_src/moe_permute_fp8.py FLAG_COLS): narrower tiles, TILE_K columns.
+constexpr uint32_t kFlagColsOnly = 4;
 constexpr int64_t kMaxExperts = 1024;  // the largest E_BLOCK of the tile kernel
 
 Out7 moe_permute_fp8_cuda(Tensor tokens, Tensor routing_map, std::optional<Tensor> probs,
@@ -72,11 +76,21 @@ Out7 moe_permute_fp8_cuda(Tensor tokens, Tensor routing_map, std::optional<Tenso
   } else {
     static const auto& tile = runtime::family("moe_permute_fp8_tile");
     // the aligned (slab) variant also needs N % 4 == 0: its words hold four rows' bytes
-    const auto& kern = tile.pick(op, x, e, n % 4 == 0 ? flags : flags & ~runtime::kFlagAligned);
+    const uint32_t tile_flags = n % 4 == 0 ? flags : flags & ~runtime::kFlagAligned;
+    // The column-wise copy alone (its blocks are 128 rows x 1 column) in the aligned variant:
+    // the variant's narrower tiles, TILE_K columns a program.
+    const bool cols_only = !want.rowwise && (tile_flags & runtime::kFlagAligned) != 0;
+    const auto* kern = &tile.pick(op, x, e, tile_flags | (cols_only ? kFlagColsOnly : 0u));
+    // Tiles of columns run along the grid's y dimension (at most 65535): where H needs more
+    // of the narrower ones, 128-column tiles (which fit, by the check above).
+    if (ceil_div(h, kern->constexpr_value("TILE_K")) > 65535) {
+      kern = &tile.pick(op, x, e, tile_flags);
+    }
     args.ptr(x).ptr(src).ptr(tpe).ptr(pin).ptr(pout).ptr(q_any).ptr(s_any).ptr(qt)
         .ptr(st_all).i64(t).i64(h).i64(e).i64(n).i32(want.rowwise ? 1 : 0).i32(p ? 1 : 0)
         .i32(pow2_scales ? 1 : 0);
-    runtime::launch(op, kern, dev, {st_rows + 1, ceil_div(h, kFp8Block), 1}, args);
+    runtime::launch(op, *kern, dev,
+                    {st_rows + 1, ceil_div(h, kern->constexpr_value("TILE_K")), 1}, args);
   }
   return {q, s, qt, st, pp, row_map, tpe};
 }
