@@ -72,7 +72,8 @@ def main():
                 K.moe_permute_fp8_scatter_kernel[(t + triton.cdiv(n, K.ZR),)](
                     x, row_map, q2, s2, probs, pp2, src, t, h, e, n, 1, 0, KB=K.KB, BE=K.BE,
                     NB=nb, ZR=K.ZR, num_warps=w)
-            s2.fill_(float("nan"))
+            for v in (q2, s2, pp2):  # an element not written shows
+                v.fill_(float("nan"))
             run()
             T.check(f"scatter NB={nb} warps={w}", [s2, pp2], [s, pp], 0.0)
             T.check(f"scatter NB={nb} warps={w} data", f8(q2), f8(q), 0.0, rtol)
