@@ -196,7 +196,8 @@ def _token_block(tb, B, S, in_sb, in_ss, mode, BT: tl.constexpr):
 def _tokens_out(b64, s64, S, nh, D, mode):
     """Output row offsets [BT, 1] of head 0 of a token block (_token_block) in an output of
     nh heads, and the step from one head to the next."""
-    # one expression for both layouts (as _tile)
+    # one expression for both layouts (a branch here hides the rows' alignment from the
+    # stores, which then write one element at a time)
     bhsd = (mode & OUT_BHSD) != 0
     s_step = tl.where(bhsd, 1, nh).to(tl.int64) * D
     h_step = tl.where(bhsd, S, 1).to(tl.int64) * D
@@ -250,8 +251,7 @@ def _bwd_heads(g1, g2, x1, x2, g_ptr, qkv_ptr, dqkv_ptr, w_ptr, dw_row, in_rows,
     heads added; the pass-through dims' sums go to dw_row in memory."""
     rot = 2 * half
     cols = tl.arange(0, HB)
-    m1 = mask[:, :, None] & (cols < half)[None, None, :]
-    m2 = m1
+    m1 = mask[:, :, None] & (cols < half)[None, None, :]  # either half's
     g1 = g1.to(tl.float32)
     g2 = g2.to(tl.float32)
     # The gradient of the normalized row: the transposed rotation.
@@ -277,7 +277,7 @@ def _bwd_heads(g1, g2, x1, x2, g_ptr, qkv_ptr, dqkv_ptr, w_ptr, dw_row, in_rows,
         r3 = rstd[:, :, None]
         k3 = (rstd * rstd * rstd * (dot / D))[:, :, None]
         tl.store(dst, (r3 * dw1 - v1 * k3).to(dtype), mask=m1)
-        tl.store(dst + half, (r3 * dw2 - v2 * k3).to(dtype), mask=m2)
+        tl.store(dst + half, (r3 * dw2 - v2 * k3).to(dtype), mask=m1)
         a1 += tl.sum(d1 * rms_normalize(v1, r3, 1, dtype), axis=1, keep_dims=True)
         a2 += tl.sum(d2 * rms_normalize(v2, r3, 1, dtype), axis=1, keep_dims=True)
         for c0 in range(rot, D, HB):
@@ -291,7 +291,7 @@ def _bwd_heads(g1, g2, x1, x2, g_ptr, qkv_ptr, dqkv_ptr, w_ptr, dw_row, in_rows,
             tl.store(dw_row + pc, acc + part, mask=pc < D)
     else:
         tl.store(dst, d1.to(dtype), mask=m1)
-        tl.store(dst + half, d2.to(dtype), mask=m2)
+        tl.store(dst + half, d2.to(dtype), mask=m1)
         for c0 in range(rot, D, HB):
             _p, m, g = _chunk(g_ptr, out_rows, mask, c0, D, HB)
             tl.store(dst + c0, g.to(dtype), mask=m)
