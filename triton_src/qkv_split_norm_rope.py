@@ -403,13 +403,15 @@ _ALIGNED = ("in_sb", "in_ss", "cos_sb", "cos_ss", "D", "half", "c2_off")
 # Per half block HB (the smallest power of 2 >= rotary_dim / 2), forward: (BT tokens, BH
 # heads, warps, COS_FIRST); backward: (BT, BH, warps), a persistent grid of 8 warps of
 # programs per multiprocessor (the CUDA side). A tile is BT * BH rows of 2 * HB elements.
-# Timed at HB 64 (Qwen3-30B-A3B heads, 8192 tokens, benchmarks/NOTES.md v22, v27 and v33): the
-# forward's (16, 2, 4) with cos / sin loaded first is the fastest of the library's variants
-# on the H100 (62.1 us GPU) and the H200 (50.7 us); the backward's (4, 2, 1) is the fastest of
-# a sweep on the H200 (83.8 us, JIT, against 100.3 for the previous kernel at its (8, 2, 1)).
+# Timed at HB 64 (Qwen3-30B-A3B heads, 8192 tokens, benchmarks/NOTES.md v22, v27, v33, v34):
+# the forward's (16, 2, 4) with cos / sin loaded first was the fastest of the library's
+# variants on the H100 (62.1 us GPU) and the H200 (50.7 us); a JIT sweep with 4 and 8 heads a
+# tile put (8, 4, 4) ahead of it on the H200 (52.6 against 54.3 us; the library 50.5 -> 49.4);
+# the backward's (4, 2, 1) is the fastest of a sweep on the H200 (83.8 us, JIT, against 100.3
+# for the previous kernel at its (8, 2, 1)).
 # The other half blocks keep the forward's tiles of the first sweep, untimed; the backward's
 # hold the same 2 * 512 elements a warp as HB 64's (its registers are near the 255 limit).
-FWD_TILES = {16: (64, 2, 4, 0), 32: (32, 2, 4, 0), 64: (16, 2, 4, 1), 128: (8, 2, 4, 0)}
+FWD_TILES = {16: (64, 2, 4, 0), 32: (32, 2, 4, 0), 64: (8, 4, 4, 1), 128: (8, 2, 4, 0)}
 BWD_TILES = {16: (16, 2, 1), 32: (8, 2, 1), 64: (4, 2, 1), 128: (2, 2, 1)}
 
 
