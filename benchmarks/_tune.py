@@ -73,6 +73,17 @@ def timed(name, fn, nbytes):
     return ms
 
 
+def segment_blocks(tpe, m, rows):
+    """The MoE FP8 tile kernels' table of blocks for the counts tpe (the library's
+    _common.segment_blocks_kernel at its config for E experts, JIT)."""
+    import _common as C
+    eb, rb = next((eb, rb) for eb, rb in C.SEGMENT_BLOCKS if eb >= tpe.numel())
+    table = torch.empty((rows, 3), dtype=torch.int64, device=tpe.device)
+    C.segment_blocks_kernel[(triton.cdiv(rows, rb),)](tpe, table, tpe.numel(), m, rows,
+                                                      E_BLOCK=eb, RB=rb)
+    return table
+
+
 def check(name, got, want, atol, rtol=0.0):
     """Print the largest difference of got from want (tensors or lists of them, compared in
     float64) and raise when one exceeds atol + rtol * |want|."""

@@ -82,7 +82,7 @@ def main():
     # the column-wise copy, and both: the tile kernel
     q3, s3, qt3, pp3 = (torch.empty_like(v) for v in (q, s, qt, pp))
     st3 = torch.empty((rows_t + 1, h), device=dev)
-    eb = min(b for b in K.E_BLOCKS if b >= e)
+    blocks = T.segment_blocks(tpe, n, rows_t + 1)
     for want_row in (0, 1):
         for packed in (0, 1):
             # the row-wise copy's 1 x 128 blocks need 128 columns a tile; the column-wise
@@ -91,8 +91,8 @@ def main():
                 for w in ((4,) if args.quick else (2, 4, 8)):
                     def run():
                         K.moe_permute_fp8_tile_kernel[(rows_t + 1, triton.cdiv(h, tk))](
-                            x, src, tpe, probs, pp3, q3, s3, qt3, st3, t, h, e, n, want_row, 1,
-                            0, E_BLOCK=eb, PACKED=packed, TILE_K=tk, num_warps=w)
+                            x, src, blocks, probs, pp3, q3, s3, qt3, st3, t, h, e, n, want_row,
+                            1, 0, PACKED=packed, TILE_K=tk, num_warps=w)
                     for v in (q3, s3, qt3, st3, pp3):  # an element not written shows
                         v.fill_(float("nan"))
                     run()

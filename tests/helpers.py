@@ -332,6 +332,33 @@ def ref_quantize_segments(x, counts, pow2):
     return qt, st
 
 
+def ref_segment_blocks(counts, m, rows):
+    """The (rows, 3) table of _common.segment_blocks_kernel, by walking the segments: each
+    128-row block of each segment (negative counts as 0) as (first row, end row, expert), in
+    order; then blocks past the last one, 128 rows apart from the segments' end, with no rows
+    (end = that end) and expert E; rows end at m at most."""
+    table, start = [], 0
+    for e, c in enumerate(counts):
+        c = max(int(c), 0)
+        table += [(start + 128 * j, min(start + c, m), e) for j in range(cdiv(c, 128))]
+        start += c
+    blocks = len(table)
+    table += [(start + 128 * (rb - blocks), min(start, m), len(counts))
+              for rb in range(blocks, rows)]
+    return torch.tensor(table[:rows], dtype=torch.int64).reshape(-1, 3)
+
+
+def interp_segment_blocks(mod, tpe, m, rows, e_block=None, rb=4):
+    """_common.segment_blocks_kernel's table for the counts tpe (through an op source that
+    imports the kernel, under the interpreter): the MoE FP8 tile kernels' blocks. E_BLOCK
+    the smallest power of two >= E unless given."""
+    e_block = e_block or max(2, 1 << (len(tpe) - 1).bit_length())
+    table = torch.full((rows, 3), -7, dtype=torch.int64)
+    mod.segment_blocks_kernel[(cdiv(rows, rb),)](tpe, table, len(tpe), m, rows, E_BLOCK=e_block,
+                                                 RB=rb)
+    return table
+
+
 def ref_quantize(x, block, pow2):
     """(q, s, qt, st) before the float8 cast, every layout."""
     if block == (1, 128):

@@ -364,22 +364,53 @@ def fp8_store_tile(v, rows, cols, rmask, cmask, q_ptr, s_ptr, qt_ptr, st_ptr, M,
 # --- expert segments: the per-segment column-wise copy of the MoE FP8 ops ------------------
 
 @triton.jit
-def segment_block_rows(tpe_ptr, rb, M, E, E_BLOCK: tl.constexpr):
-    """(first row, end row, expert) of the rb-th 128-row block counted segment by segment:
-    the segments are the E (<= E_BLOCK) counts at tpe_ptr in order (negative ones read as
-    0), segment e's blocks are blocks blk_e .. blk_e + cdiv(M_e, 128) - 1 with
-    blk_e = sum_{f<e} cdiv(M_f, 128); rows end at the segment's end (and at M). A block
-    past the last one gets an expert >= E, its first row 128 (rb - blocks) after the
-    segments' end, and end = that end (no rows)."""
+def segment_blocks_kernel(tpe_ptr, table_ptr, E, M, R, E_BLOCK: tl.constexpr, RB: tl.constexpr):
+    """Row rb < R of table (R, 3) int64: (first row, end row, expert) of the rb-th 128-row
+    block counted segment by segment, RB rows a program. The segments are the E
+    (<= E_BLOCK) counts at tpe_ptr in order (negative ones read as 0); segment e's blocks are
+    blocks blk_e .. blk_e + cdiv(M_e, 128) - 1 with blk_e = sum_{f<e} cdiv(M_f, 128); rows
+    end at the segment's end (and at M). A block past the last one gets expert E, its first
+    row 128 (rb - blocks) after the segments' end, and end = that end (no rows). The MoE
+    FP8 ops' tile kernels read their block's row (segment_block): each used to scan the
+    counts itself, a cumulative sum and four reductions across its warps before any data
+    moved (benchmarks/NOTES.md v34)."""
+    rb = tl.program_id(0).to(tl.int64) * RB + tl.arange(0, RB)
     ei = tl.arange(0, E_BLOCK)
     counts = tl.maximum(tl.load(tpe_ptr + ei, mask=ei < E, other=0), 0).to(tl.int64)
     nblk = (counts + 127) // 128
-    e = tl.sum((tl.cumsum(nblk, 0) <= rb).to(tl.int32), 0)  # the segment holding block rb
-    before = ei < e
-    start = tl.sum(tl.where(before, counts, 0), 0)
-    blk0 = tl.sum(tl.where(before, nblk, 0), 0)
-    count = tl.sum(tl.where(ei == e, counts, 0), 0)
-    return start + (rb - blk0) * 128, tl.minimum(start + count, M), e
+    # the segment holding block rb (E past the last one)
+    e = tl.minimum(tl.sum((tl.cumsum(nblk, 0)[None, :] <= rb[:, None]).to(tl.int64), 1), E)
+    before = ei[None, :] < e[:, None]
+    start = tl.sum(tl.where(before, counts[None, :], 0), 1)
+    blk0 = tl.sum(tl.where(before, nblk[None, :], 0), 1)
+    count = tl.sum(tl.where(ei[None, :] == e[:, None], counts[None, :], 0), 1)
+    row = table_ptr + rb * 3
+    m = rb < R
+    tl.store(row, start + (rb - blk0) * 128, mask=m)
+    tl.store(row + 1, tl.minimum(start + count, M), mask=m)
+    tl.store(row + 2, e, mask=m)
+
+
+@triton.jit
+def segment_block(table_ptr, rb):
+    """(first row, end row, expert) of block rb, from segment_blocks_kernel's table."""
+    row = table_ptr + rb.to(tl.int64) * 3
+    return tl.load(row), tl.load(row + 1), tl.load(row + 2)
+
+
+# The table kernel's variants: (E_BLOCK, RB) pairs, a [RB, E_BLOCK] tile a program.
+SEGMENT_BLOCKS = ((64, 64), (256, 16), (1024, 4))
+
+
+def segment_blocks_variants(family: str, dtypes, tpe_type: str) -> list:
+    """The variants of segment_blocks_kernel under an op's family name, one per E_BLOCK
+    (block) and dtype (the op picks them with its data, as every other kernel; the kernel
+    does not depend on it), for counts of Triton type ``tpe_type``."""
+    sig = {"tpe_ptr": tpe_type, "table_ptr": "*i64", "E": "i64", "M": "i64", "R": "i64",
+           "E_BLOCK": "constexpr", "RB": "constexpr"}
+    return [Variant(family=family, kernel="segment_blocks_kernel", dtype=dt, block=eb,
+                    signature=dict(sig), constexprs={"E_BLOCK": eb, "RB": rb}, num_warps=4)
+            for dt in dtypes for eb, rb in SEGMENT_BLOCKS]
 
 
 # --- tokens routed to experts: one token's row of a (T, E) row map of moe_permute ----------

@@ -15,21 +15,22 @@ holds token src[r] (zeros where src[r] < 0), and the quantized copies are those 
         padding rows (src < 0) of its ZR-row block: zero data, scales 1.0, pout 0. A
         token's quantized row is the same for all its rows, so it is computed once.
   moe_permute_fp8_tile_kernel  a column-wise copy (and the row-wise one with it): a program
-        per 128-row block of a segment (segment_block_rows: blocks counted segment by
-        segment, the column-wise scales' rows) and TILE_K columns. It gathers the block's
-        rows from the tokens (src) and quantizes the tile both ways (fp8_store_tile): the
-        column-wise copy qt (H, N) per segment (scales st, row rb), the row-wise one when
-        want_row. TILE_K is 128, which the row-wise copy's 1 x 128 blocks need; a column-wise
-        block is 128 rows x 1 column, so the column-wise copy alone runs narrower tiles in
-        its aligned variant (FLAG_COLS, COLS_TILE). PACKED (the aligned variant;
-        N % 4 == 0) reads the block as four slabs of rows row0 + 4 i + j and stores the
-        column-wise copy in 32-bit words of four rows' bytes where the block's first row and
-        end are multiples of 4 (every block when pad_to is), byte by byte elsewhere
-        (_common.fp8_store_packed, as the MoE SwiGLU forward does); a block of at most 64
-        rows runs a half-height tile. Programs past the last block cover the rows after the
-        last segment, 128 each, as zero rows (the launcher gives one program more than st
-        has rows, and st one row more, which it drops). Programs with cb == 0 write pout
-        (want_pp).
+        per 128-row block of a segment (blocks counted segment by segment, the column-wise
+        scales' rows, read from the table at blocks_ptr that _common.segment_blocks_kernel,
+        family moe_permute_fp8_blocks, writes from tpe just before) and TILE_K columns. It
+        gathers the block's rows from the tokens (src) and quantizes the tile both ways
+        (fp8_store_tile): the column-wise copy qt (H, N) per segment (scales st, row rb),
+        the row-wise one when want_row. TILE_K is 128, which the row-wise copy's 1 x 128
+        blocks need; a column-wise block is 128 rows x 1 column, so the column-wise copy
+        alone runs narrower tiles in its aligned variant (FLAG_COLS, COLS_TILE). PACKED (the
+        aligned variant; N % 4 == 0) reads the block as four slabs of rows row0 + 4 i + j
+        and stores the column-wise copy in 32-bit words of four rows' bytes where the
+        block's first row and end are multiples of 4 (every block when pad_to is), byte by
+        byte elsewhere (_common.fp8_store_packed, as the MoE SwiGLU forward does); a block
+        of at most 64 rows runs a half-height tile. Programs past the last block cover the
+        rows after the last segment, 128 each, as zero rows (the launcher gives one program
+        more than st has rows, and st one row more, which it drops). Programs with cb == 0
+        write pout (want_pp).
 
 Offsets are int64. Built for sm_90 and newer only (as fp8_quantize).
 """
@@ -38,7 +39,9 @@ import triton.language as tl
 
 from _common import (DTYPES, FLAG_ALIGNED, Variant, aligned_args, fp8_amax, fp8_quantize_values,
                      fp8_scale, fp8_store_packed, fp8_store_tile, moe_routed, moe_routed_count,
-                     segment_block_rows)
+                     segment_block,
+                     segment_blocks_kernel,  # noqa: F401 (a kernel of this op's variants)
+                     segment_blocks_variants)
 
 KB = 8  # routed entries per token handled per pass (as moe_permute's)
 BE = 128  # experts per chunk of a token's row-map row
@@ -125,15 +128,14 @@ def _slab_tile(x_ptr, src_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, row0, end, rb, cb, 
 
 
 @triton.jit
-def moe_permute_fp8_tile_kernel(x_ptr, src_ptr, tpe_ptr, pin_ptr, pout_ptr, q_ptr, s_ptr, qt_ptr,
-                                st_ptr, T, H, E, N, want_row, want_pp, pow2,
-                                E_BLOCK: tl.constexpr, PACKED: tl.constexpr = 0,
-                                TILE_K: tl.constexpr = 128):
+def moe_permute_fp8_tile_kernel(x_ptr, src_ptr, blocks_ptr, pin_ptr, pout_ptr, q_ptr, s_ptr,
+                                qt_ptr, st_ptr, T, H, E, N, want_row, want_pp, pow2,
+                                PACKED: tl.constexpr = 0, TILE_K: tl.constexpr = 128):
     # Tile (rb, cb): rows of the rb-th block, columns cb * TILE_K ..; with want_row, TILE_K
     # must be 128 (cb is then the row-wise scales' row; the launcher sees to it).
     rb = tl.program_id(0)
     cb = tl.program_id(1)
-    row0, end, e = segment_block_rows(tpe_ptr, rb, N, E, E_BLOCK)
+    row0, end, e = segment_block(blocks_ptr, rb)
     if e >= E:  # past the last segment: the rows after it, as zero rows
         end = N.to(tl.int64)
     end = tl.minimum(end, row0 + TILE)
@@ -161,7 +163,7 @@ def moe_permute_fp8_tile_kernel(x_ptr, src_ptr, tpe_ptr, pin_ptr, pout_ptr, q_pt
 
 _FP8 = {a: "*fp8e4nv" for a in ("q_ptr", "qt_ptr")}
 _TYPES = {**_FP8, "s_ptr": "*fp32", "st_ptr": "*fp32", "row_map_ptr": "*i32", "src_ptr": "*i32",
-          "tpe_ptr": "*i32", "T": "i64", "H": "i64", "E": "i64", "N": "i64", "want_pp": "i32",
+          "blocks_ptr": "*i64", "T": "i64", "H": "i64", "E": "i64", "N": "i64", "want_pp": "i32",
           "want_row": "i32", "pow2": "i32"}
 _KERNELS = {
     # family: (kernel, arguments, constexprs)
@@ -170,9 +172,9 @@ _KERNELS = {
                                  "pout_ptr", "src_ptr", "T", "H", "E", "N", "want_pp", "pow2"),
                                 ("KB", "BE", "NB", "ZR")),
     "moe_permute_fp8_tile": ("moe_permute_fp8_tile_kernel",
-                             ("x_ptr", "src_ptr", "tpe_ptr", "pin_ptr", "pout_ptr", "q_ptr",
+                             ("x_ptr", "src_ptr", "blocks_ptr", "pin_ptr", "pout_ptr", "q_ptr",
                               "s_ptr", "qt_ptr", "st_ptr", "T", "H", "E", "N", "want_row",
-                              "want_pp", "pow2"), ("E_BLOCK", "PACKED", "TILE_K")),
+                              "want_pp", "pow2"), ("PACKED", "TILE_K")),
 }
 _PROBS_ARGS = ("pin_ptr", "pout_ptr")
 _ALIGNED_ARGS = ("x_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr")
@@ -181,8 +183,9 @@ FLAG_COLS = 4  # the tile kernel's form for the column-wise copy alone (aligned 
 # 128-column blocks per step of the scatter kernel (2 blocks: 512 bytes of a 16-bit row).
 NB = {"fp32": 1, "bf16": 2, "fp16": 2}
 SCATTER_WARPS = 1  # one token a program, as moe_permute's scatter
-# Column-wise copy: experts per program's scan of the counts (the smallest >= E).
-E_BLOCKS = (64, 256, 1024)
+# Column-wise copy: at most this many experts (segment_blocks_kernel's largest E_BLOCK; the
+# C++ launcher checks).
+MAX_EXPERTS = 1024
 # Warps of the tile kernel, plain (PACKED = 0) and slab (PACKED = 1) forms: as the MoE SwiGLU
 # forward's (triton_src/swiglu_fp8.py), whose tiles are the same.
 TILE_WARPS = (8, 4)
@@ -224,11 +227,10 @@ def variants(arch: int) -> list:
                 if packed:
                     forms.append((FLAG_COLS, *COLS_TILE))
                 for form, tile_k, warps in forms:
-                    for eb in E_BLOCKS:
-                        out.append(Variant(family=family, kernel=kernel, dtype=dt, block=eb,
-                                           signature=sig,
-                                           constexprs={"E_BLOCK": eb, "PACKED": packed,
-                                                       "TILE_K": tile_k},
-                                           num_warps=warps, flags=flags | form,
-                                           divisible_by_16=hints))
-    return out
+                    out.append(Variant(family=family, kernel=kernel, dtype=dt,
+                                       block=MAX_EXPERTS, signature=sig,
+                                       constexprs={"PACKED": packed, "TILE_K": tile_k},
+                                       num_warps=warps, flags=flags | form,
+                                       divisible_by_16=hints))
+    # The column-wise copy's table of blocks (the padded counts, int32).
+    return out + segment_blocks_variants("moe_permute_fp8_blocks", DTYPES, "*i32")

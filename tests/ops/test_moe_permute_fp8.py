@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import fk
-from helpers import (DTYPES, assert_close, cdiv, error_lines, interp_row_map, load_triton_src,
-                     misaligned, poison_cuda_cache, randn, ref_permute, ref_quantize_rows,
-                     ref_quantize_segments, routing, same)
+from helpers import (DTYPES, assert_close, cdiv, error_lines, interp_row_map,
+                     interp_segment_blocks, load_triton_src, misaligned, poison_cuda_cache,
+                     randn, ref_permute, ref_quantize_rows, ref_quantize_segments,
+                     ref_segment_blocks, routing, same)
 
 FP8 = torch.float8_e4m3fn
 LAYOUTS = ["rowwise", "columnwise", "both"]
@@ -71,13 +72,33 @@ def _interp(tokens, rmap, probs, pad_to, layout, pow2, extra_rows=0, packed=0, f
             tokens, row_map, q, s, pin, pout, src, t, h, e, n, want_pp, int(pow2), KB=2, BE=4,
             NB=2, ZR=4)
     else:
+        blocks = interp_segment_blocks(mod, tpe, n, rows_t + 1)
         mod.moe_permute_fp8_tile_kernel[(rows_t + 1, cdiv(h, tile_k))](
-            tokens, src, tpe, pin, pout, q, s, qt, st, t, h, e, n,
-            int(layout == "both"), want_pp, int(pow2), E_BLOCK=16, PACKED=packed,
-            TILE_K=tile_k)
+            tokens, src, blocks, pin, pout, q, s, qt, st, t, h, e, n,
+            int(layout == "both"), want_pp, int(pow2), PACKED=packed, TILE_K=tile_k)
     got_q = (q, s) if layout != "columnwise" else (None, None)
     got_t = (qt, st[:rows_t]) if layout != "rowwise" else (None, None)
     return (*got_q, *got_t, pout if probs is not None else None, row_map, tpe)
+
+
+@pytest.mark.parametrize("counts", [[0, 132, 8, 0, 164, 0], [128, 1, 127, 44], [260], [0],
+                                    [-5, 300, 0, 129], [3] * 40, [0] * 7 + [1000]])
+@pytest.mark.parametrize("cdtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("rb", [1, 4])
+def test_interpreter_segment_blocks(counts, cdtype, rb):
+    """_common.segment_blocks_kernel (the MoE FP8 tile kernels' blocks; int32 counts here,
+    int64 in moe_swiglu_fp8) against walking the segments in Python: every block of every
+    segment in order, partial last blocks, empty and negative counts, blocks past the last
+    one (the grid's spare programs), rows cut at M, a table whose rows RB does not divide,
+    E_BLOCK above E."""
+    mod = load_triton_src("moe_permute_fp8")
+    tpe = torch.tensor(counts, dtype=cdtype)
+    total = sum(max(c, 0) for c in counts)
+    for m in (total, max(total - 70, 0)):
+        rows = (m + 127 * len(counts)) // 128 + 3
+        for e_block in (None, 64):
+            got = interp_segment_blocks(mod, tpe, m, rows, e_block=e_block, rb=rb)
+            assert torch.equal(got, ref_segment_blocks(counts, m, rows)), (m, e_block)
 
 
 def _bits(v):
@@ -180,8 +201,8 @@ def test_variants_cover_every_dtype():
                     continue
                 want.append(("moe_permute_fp8_scatter", dt, flags, 1))
                 for form in ((0, mod.FLAG_COLS) if flags & 1 else (0,)):
-                    want += [("moe_permute_fp8_tile", dt, flags | form, eb)
-                             for eb in mod.E_BLOCKS]
+                    want.append(("moe_permute_fp8_tile", dt, flags | form, mod.MAX_EXPERTS))
+            want += [("moe_permute_fp8_blocks", dt, 0, eb) for eb in (64, 256, 1024)]
         vs = mod.variants(arch)
         assert sorted((v.family, v.dtype, v.flags, v.block) for v in vs) == sorted(want)
         for v in vs:
@@ -191,7 +212,7 @@ def test_variants_cover_every_dtype():
                 assert (v.constexprs["TILE_K"], v.num_warps) == (
                     mod.COLS_TILE if v.flags & mod.FLAG_COLS
                     else (128, mod.TILE_WARPS[v.flags & 1]))
-        assert max(mod.E_BLOCKS) == 1024  # the launcher's expert limit
+        assert mod.MAX_EXPERTS == 1024  # the launcher's expert limit
 
 
 # --- level 2: the CPU backend --------------------------------------------------------------

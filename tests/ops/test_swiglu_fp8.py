@@ -14,9 +14,9 @@ import torch
 
 import fk
 from helpers import (DTYPES, assert_close, assert_quantized_near, cdiv, error_lines,
-                     load_triton_src, misaligned, packed_same, poison_cuda_cache, randn,
-                     ref_grads, ref_quantize_rows, ref_quantize_segments, ref_swiglu,
-                     round_toward_zero, same)
+                     interp_segment_blocks, load_triton_src, misaligned, packed_same,
+                     poison_cuda_cache, randn, ref_grads, ref_quantize_rows,
+                     ref_quantize_segments, ref_swiglu, round_toward_zero, same)
 
 FP8 = torch.float8_e4m3fn
 LAYOUTS = ["rowwise", "columnwise", "both"]
@@ -117,10 +117,11 @@ def _run_fwd(mod, x, layout, pow2, probs=None, tpe=None, tile=128):
     h = h.to(x.dtype)
     s, st = torch.full((cdiv(n, 128), m), -1.0), torch.full((rows_t, n), -1.0)
     grid = (rows_t if e else cdiv(m, tile), cdiv(n, 128))
+    blocks = interp_segment_blocks(mod, tpe, m, rows_t) if e else x
     mod.swiglu_fp8_fwd_kernel[grid](
-        x, probs if probs is not None else x, tpe if tpe is not None else x, q, s, qt, st, h,
+        x, probs if probs is not None else x, blocks, q, s, qt, st, h,
         m, n, e, int(probs is not None), int(layout != "columnwise"),
-        int(layout != "rowwise"), 1, int(pow2), TILE_M=tile, TILE_N=128, E_BLOCK=64)
+        int(layout != "rowwise"), 1, int(pow2), TILE_M=tile, TILE_N=128)
     return as_four((q, s, qt, st), "both"), h
 
 
@@ -223,16 +224,22 @@ def test_interpreter_dx_quantized(dtype, m, n):
         assert_close(dp, dp0, torch.float32, what="dp")
 
 
+# (layout, TILE_N of the PACKED run): the column-wise copy alone also in the FLAG_COLS
+# variants' narrower tiles
+PACKED_FORMS = [("both", 128), ("columnwise", 128), ("columnwise", 64)]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("layout", ["both", "columnwise"])
+@pytest.mark.parametrize("layout,tile_n", PACKED_FORMS)
 @pytest.mark.parametrize("shape,with_probs", [((256, 192), False), ((144, 128), True),
                                               ("special", False)])
-def test_interpreter_packed_path(dtype, layout, shape, with_probs):
+def test_interpreter_packed_path(dtype, layout, tile_n, shape, with_probs):
     """The forward's PACKED path (four slabs of interleaved rows; the column-wise copy stored
-    as 32-bit words of four rows' float8 bytes) writes the same bytes, scales and h as its
-    plain path, which test_interpreter_forward checks against the reference: float8 outputs
-    on both sides, so both go through the interpreter's float8 cast (checked itself on the
-    GPU, where the aligned shapes with a column-wise copy run the PACKED variants)."""
+    as 32-bit words of four rows' float8 bytes; TILE_N columns a tile) writes the same
+    bytes, scales and h as its plain path at 128 columns, which test_interpreter_forward
+    checks against the reference: float8 outputs on both sides, so both go through the
+    interpreter's float8 cast (checked itself on the GPU, where the aligned shapes with a
+    column-wise copy run the PACKED variants)."""
     mod = load_triton_src("swiglu_fp8")
     if shape == "special":
         x = special_x(dtype)
@@ -245,19 +252,20 @@ def test_interpreter_packed_path(dtype, layout, shape, with_probs):
     for pow2 in (0, 1):
         def launch(packed, q, s, qt, st):
             h = torch.zeros(m, n, dtype=x.dtype)
-            mod.swiglu_fp8_fwd_kernel[(cdiv(m, 128), cdiv(n, 128))](
+            tn = tile_n if packed else 128
+            mod.swiglu_fp8_fwd_kernel[(cdiv(m, 128), cdiv(n, tn))](
                 x, probs, x, q, s, qt, st, h, m, n, 0, int(with_probs), want_row, 1, 1, pow2,
-                TILE_M=128, TILE_N=128, E_BLOCK=16, PACKED=packed)
+                TILE_M=128, TILE_N=tn, PACKED=packed)
             return h
         h0, h1 = packed_same(launch, m, n, want_row)
         torch.testing.assert_close(h0, h1, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("layout", ["both", "columnwise"])
+@pytest.mark.parametrize("layout,tile_n", PACKED_FORMS)
 @pytest.mark.parametrize("counts", [[0, 132, 8, 0, 164, 0], [128, 1, 127, 44], [0, 3, 300, 5],
                                     [260], [192, 65, 64, 3]])
-def test_interpreter_moe_packed_path(dtype, layout, counts):
+def test_interpreter_moe_packed_path(dtype, layout, tile_n, counts):
     """The MoE forward's PACKED = 2 path (every block read as four slabs of interleaved rows;
     the column-wise copy in words where a block's first row and end are multiples of 4, as
     bytes slab by slab elsewhere) writes the same bytes, scales and h as the transposed-tile
@@ -273,14 +281,16 @@ def test_interpreter_moe_packed_path(dtype, layout, counts):
     rows_t = (m + 127 * e) // 128
     want_row = int(layout == "both")
     got = []
+    blocks = interp_segment_blocks(mod, tpe, m, rows_t)
     for packed in (0, 2):
         q = torch.zeros(m, n, dtype=torch.float8_e4m3fn)
         qt = torch.zeros(n, m, dtype=torch.float8_e4m3fn)
         s, st = torch.full((cdiv(n, 128), m), -1.0), torch.full((rows_t, n), -1.0)
         h = torch.zeros(m, n, dtype=x.dtype)
-        mod.swiglu_fp8_fwd_kernel[(rows_t, cdiv(n, 128))](
-            x, probs, tpe, q, s, qt, st, h, m, n, e, 1, want_row, 1, 1, 0, TILE_M=128,
-            TILE_N=128, E_BLOCK=64, PACKED=packed)
+        tn = tile_n if packed else 128
+        mod.swiglu_fp8_fwd_kernel[(rows_t, cdiv(n, tn))](
+            x, probs, blocks, q, s, qt, st, h, m, n, e, 1, want_row, 1, 1, 0, TILE_M=128,
+            TILE_N=tn, PACKED=packed)
         got.append([q.view(torch.uint8), s.view(torch.int32), qt.view(torch.uint8),
                     st.view(torch.int32), h])
     for a, b in zip(*got):
@@ -296,14 +306,24 @@ def test_variants_cover_every_dtype():
         for v in mod.variants(arch):
             fams.setdefault(v.family, set()).add((v.dtype, v.flags, v.block))
         for fam, blocks in (("swiglu_fp8_fwd", mod.TILES_M), ("swiglu_fp8_bwd_q", mod.TILES_M),
-                            ("moe_swiglu_fp8_fwd", mod.E_BLOCKS),
+                            ("moe_swiglu_fp8_fwd", (mod.MAX_EXPERTS,)),
                             ("swiglu_fp8_dx", (mod.DX_BLOCK,)), ("swiglu_fp8_dx_q", (128,))):
+            # the aligned forward's narrower tiles for the column-wise copy alone
+            cols = {(dt, 1 | mod.FLAG_COLS, max(blocks)) for dt in ("fp32", "bf16", "fp16")
+                    if fam.endswith("_fwd")}
             assert fams[fam] == {(dt, f, b) for dt in ("fp32", "bf16", "fp16") for f in (0, 1)
-                                 for b in blocks}, fam
+                                 for b in blocks} | cols, fam
+        assert fams["moe_swiglu_fp8_blocks"] == {(dt, 0, eb) for dt in ("fp32", "bf16", "fp16")
+                                                 for eb in (64, 256, 1024)}
         for v in mod.variants(arch):  # the word stores need M % 4 == 0
-            packed = {"swiglu_fp8_fwd": int(v.flags == 1 and v.block == 128),
-                      "moe_swiglu_fp8_fwd": 2 * int(v.flags == 1)}.get(v.family, 0)
+            packed = {"swiglu_fp8_fwd": int(v.flags & 1 and v.block == 128),
+                      "moe_swiglu_fp8_fwd": 2 * (v.flags & 1)}.get(v.family, 0)
             assert v.constexprs.get("PACKED", 0) == packed, (v.family, v.flags, v.block)
+            if v.family.endswith("swiglu_fp8_fwd") and v.constexprs["TILE_M"] == 128:
+                assert (v.constexprs["TILE_N"], v.num_warps) == (
+                    mod.COLS_TILE if v.flags & mod.FLAG_COLS else
+                    (128, 8 if v.family == "swiglu_fp8_fwd" or not v.flags else
+                     mod.MOE_PACKED_WARPS)), (v.family, v.flags)
 
 
 # --- level 2: the CPU backend ---------------------------------------------------------------
@@ -675,6 +695,22 @@ def test_cuda_forward_large(layout, shape):
     poison_cuda_cache()
     _, h = check_forward(x, layout, False)
     assert_close(h, _ref_h(x), torch.bfloat16, what="h")
+
+
+@pytest.mark.cuda
+def test_cuda_columnwise_rows_too_wide_for_narrow_tiles():
+    """The column-wise copy alone of aligned rows that need more of its narrower tiles
+    (COLS_TILE's 64 columns) than the grid's y dimension takes (65535): the launcher runs
+    128-column tiles instead. Against the column-wise copy layout "both" writes in
+    128-column tiles (its row-wise copy needs them), which test_cuda_forward checks against
+    the reference at narrower rows."""
+    _need_fp8_gpu()
+    n = 65535 * 64 + 16
+    x = randn(16, 2 * n, dtype=torch.bfloat16, device="cuda", scale=3.0)
+    both = fk.swiglu_fp8(x, layout="both")
+    poison_cuda_cache()
+    for a, b in zip(fk.swiglu_fp8(x, layout="columnwise"), both[2:]):
+        same(a, b)
 
 
 @pytest.mark.cuda

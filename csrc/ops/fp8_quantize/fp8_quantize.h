@@ -47,6 +47,14 @@ inline int64_t moe_scale_rows(int64_t m, int64_t experts) {
   return (m + (kFp8Block - 1) * experts) / kFp8Block;
 }
 
+// CUDA, the MoE FP8 ops' column-wise copies: the (rows, 3) int64 table of (first row, end
+// row, expert) of the 128-row blocks of M rows counted segment by segment over the counts in
+// tokens_per_expert (on x's device, contiguous, int32 or int64 as `family`'s variants take
+// them; at most 1024), written by `family`'s kernel (triton_src/_common.py,
+// segment_blocks_kernel; picked with x's dtype) for the op's tile kernel to read.
+Tensor segment_blocks_cuda(const char* op, const char* family, const Tensor& x,
+                           const Tensor& tokens_per_expert, int64_t m, int64_t rows);
+
 // The CPU reference of the column-wise copy per segment of a 2-D float32 x (M, K) whose
 // rows are segments of `counts` rows (summing to at most M): (data_t (K, M) float8_e4m3fn,
 // zero in the columns of rows after the segments; scales_t (moe_scale_rows(M, E), K), 1.0

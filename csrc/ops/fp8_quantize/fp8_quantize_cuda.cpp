@@ -86,6 +86,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_cuda(Tensor x, int64_t b
 
 }  // namespace
 
+Tensor segment_blocks_cuda(const char* op, const char* family, const Tensor& x,
+                           const Tensor& tokens_per_expert, int64_t m, int64_t rows) {
+  const int64_t experts = tokens_per_expert.size(0);
+  const auto& kern = runtime::family(family).pick(op, x, experts, 0);
+  Tensor table = aten::empty({rows, 3}, kLong, x.device());
+  KernelArgs args;
+  args.ptr(tokens_per_expert).ptr(table).i64(experts).i64(m).i64(rows);
+  runtime::launch(op, kern, x.device(), {ceil_div(rows, kern.constexpr_value("RB")), 1, 1},
+                  args);
+  return table;
+}
+
 void check_fp8_gpu(const char* op, const Tensor& x) {
   const int cap = runtime::device_capability(x.device().index());
   FK_CHECK(runtime::arch_for_capability(cap / 10, cap % 10) >= 90, op,

@@ -21,7 +21,7 @@ constexpr uint32_t kFlagProbsF32 = 2;  // triton_src/moe_permute_fp8.py FLAG_PRO
 // The tile kernel's form for the column-wise copy alone, in its aligned variant only
 // (triton_src/moe_permute_fp8.py FLAG_COLS): narrower tiles, TILE_K columns.
 constexpr uint32_t kFlagColsOnly = 4;
-constexpr int64_t kMaxExperts = 1024;  // the largest E_BLOCK of the tile kernel
+constexpr int64_t kMaxExperts = 1024;  // triton_src/moe_permute_fp8.py MAX_EXPERTS
 
 Out7 moe_permute_fp8_cuda(Tensor tokens, Tensor routing_map, std::optional<Tensor> probs,
                           int64_t pad_to, std::optional<int64_t> num_out_rows,
@@ -86,7 +86,9 @@ Out7 moe_permute_fp8_cuda(Tensor tokens, Tensor routing_map, std::optional<Tenso
     if (ceil_div(h, kern->constexpr_value("TILE_K")) > 65535) {
       kern = &tile.pick(op, x, e, tile_flags);
     }
-    args.ptr(x).ptr(src).ptr(tpe).ptr(pin).ptr(pout).ptr(q_any).ptr(s_any).ptr(qt)
+    // The tiles read their block's rows from a table of the segments' blocks.
+    Tensor blocks = segment_blocks_cuda(op, "moe_permute_fp8_blocks", x, tpe, n, st_rows + 1);
+    args.ptr(x).ptr(src).ptr(blocks).ptr(pin).ptr(pout).ptr(q_any).ptr(s_any).ptr(qt)
         .ptr(st_all).i64(t).i64(h).i64(e).i64(n).i32(want.rowwise ? 1 : 0).i32(p ? 1 : 0)
         .i32(pow2_scales ? 1 : 0);
     runtime::launch(op, *kern, dev,

@@ -13,10 +13,13 @@ using checks::ceil_div;
 using runtime::KernelArgs;
 using Out5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 
-constexpr int64_t kMaxExperts = 1024;  // the largest E_BLOCK of triton_src/swiglu_fp8.py
+constexpr int64_t kMaxExperts = 1024;  // triton_src/swiglu_fp8.py MAX_EXPERTS
 constexpr int64_t kRowTile = 32;       // row tile of the row-wise-only kernels
 constexpr int64_t kDxRows = 4;         // rows per program of the dx kernel (DX_ROWS)
 constexpr int64_t kDxQRows = 8;        // ... and of its row-wise quantizing form (DX_Q_ROWS)
+// The forward's aligned variants writing the column-wise copy alone (triton_src/swiglu_fp8.py
+// FLAG_COLS): narrower tiles, TILE_N columns.
+constexpr uint32_t kFlagColsOnly = 2;
 
 void check_grid_y(const char* op, int64_t n) {
   // Tiles of 128 columns run along the grid's y dimension (at most 65535 on CUDA).
@@ -59,23 +62,35 @@ Out5 forward(const char* op, const Tensor& x, const Tensor* probs, const Tensor*
            kMaxExperts, " experts on CUDA, got ", experts);
   auto xc = aten::contiguous(x);
   Tensor pc = probs ? aten::contiguous(*probs) : xc;
-  Tensor tc = segmented ? aten::contiguous(aten::to(*tpe, kLong)) : xc;
   static const auto& plain = runtime::family("swiglu_fp8_fwd");
   static const auto& moe = runtime::family("moe_swiglu_fp8_fwd");
   const int64_t tile = want.columnwise ? kFp8Block : kRowTile;
-  const uint32_t flags = align_flags(m, n, {&xc, &pc, &tc});
-  const auto& kern = segmented ? moe.pick(op, xc, experts, flags)
-                               : plain.pick(op, xc, tile, flags);
+  const int64_t rows = segmented ? moe_scale_rows(m, experts) : ceil_div(m, tile);
+  // The MoE form's tiles read their block's rows from a table of the segments' blocks.
+  Tensor blocks = segmented ? segment_blocks_cuda(op, "moe_swiglu_fp8_blocks", xc,
+                                                  aten::contiguous(aten::to(*tpe, kLong)), m,
+                                                  rows)
+                            : xc;
+  const uint32_t flags = align_flags(m, n, {&xc, &pc});
+  const auto& fam = segmented ? moe : plain;
+  const int64_t block = segmented ? experts : tile;
+  // The column-wise copy alone in the aligned variant: the variant's narrower tiles, unless n
+  // needs more of them than the grid's y dimension takes (65535; 128 columns fit, checked).
+  const bool cols_only = !want.rowwise && (flags & runtime::kFlagAligned) != 0;
+  const auto* kern = &fam.pick(op, xc, block, flags | (cols_only ? kFlagColsOnly : 0u));
+  if (ceil_div(n, kern->constexpr_value("TILE_N")) > 65535) {
+    kern = &fam.pick(op, xc, block, flags);
+  }
   const Tensor& q_any = want.rowwise ? q : qt;  // the pointers of a copy not asked for are
   const Tensor& s_any = want.rowwise ? s : st;  // never written; any valid one will do
   KernelArgs args;
-  args.ptr(xc).ptr(pc).ptr(tc).ptr(q_any).ptr(s_any)
+  args.ptr(xc).ptr(pc).ptr(blocks).ptr(q_any).ptr(s_any)
       .ptr(want.columnwise ? qt : q_any).ptr(want.columnwise ? st : s_any)
       .ptr(return_h ? h : xc).i64(m).i64(n).i64(segmented ? experts : 0)
       .i32(probs ? 1 : 0).i32(want.rowwise ? 1 : 0).i32(want.columnwise ? 1 : 0)
       .i32(return_h ? 1 : 0).i32(pow2 ? 1 : 0);
-  const int64_t rows = segmented ? moe_scale_rows(m, experts) : ceil_div(m, tile);
-  runtime::launch(op, kern, dev, {rows, ceil_div(n, kFp8Block), 1}, args);
+  runtime::launch(op, *kern, dev, {rows, ceil_div(n, kern->constexpr_value("TILE_N")), 1},
+                  args);
   return {q, s, qt, st, h};
 }
 
