@@ -1,8 +1,9 @@
 """Helpers of the launch-configuration sweeps (tune_jsd.py, tune_group_norm.py, tune_dyt.py,
 tune_poly_norm.py, tune_rope.py, tune_qwen2vl_mrope.py, tune_gated_group_rms_norm.py,
-tune_moe_permute.py, tune_moe_permute_fp8.py): timing (GPU median, or one run under the
-Triton interpreter), the measured copy bandwidth the times are read against, and the
-closeness check each candidate kernel passes before it is timed.
+tune_moe_permute.py, tune_moe_permute_fp8.py, tune_swiglu_fp8.py): timing (GPU median, or one
+run under the Triton interpreter), the measured copy bandwidth the times are read against,
+the closeness check each candidate kernel passes before it is timed, and the MoE FP8 tile
+kernels' table of segment blocks.
 
 With ``--device cpu`` (and TRITON_INTERPRET=1 in the environment) a script runs every
 kernel once at a small shape on torch CPU tensors: a check of the candidate kernels' logic,
