@@ -169,12 +169,13 @@ def test_wheel_runtime_requirements(wheel):
         f"triton must not be a run-time requirement: {runtime}"
 
 
-# Kernels that need an arch feature are built only for the archs that have it (float8 stores:
-# sm_89 and newer; thread-block clusters of a size chosen at launch: sm_90 and newer); every
-# other kernel is built for every arch. Kernel name -> first arch.
+# Kernels that need an arch feature are built only for the archs that have it (float8 stores,
+# and the FP8 ops' table of segment blocks, built with them: sm_89 and newer; thread-block
+# clusters of a size chosen at launch: sm_90 and newer); every other kernel is built for every
+# arch. Kernel name -> first arch.
 ARCH_GATED = {b"fp8_quantize": 89, b"swiglu_fp8_": 89, b"rms_norm_fp8": 89,
-              b"moe_permute_fp8": 89, b"group_norm_fwd_cluster": 90,
-              b"group_norm_bwd_cluster": 90}
+              b"moe_permute_fp8": 89, b"segment_blocks_kernel": 89,
+              b"group_norm_fwd_cluster": 90, b"group_norm_bwd_cluster": 90}
 
 
 def _gate(image: bytes):
