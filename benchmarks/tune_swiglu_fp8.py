@@ -1,12 +1,14 @@
 """Sweep the forward tile kernel of swiglu_fp8 / moe_swiglu_fp8 with Triton's JIT (tuning
 only; the library uses the AOT variants in triton_src/swiglu_fp8.py): the aligned forms'
 128-row tiles read as slabs (PACKED 1 plain, 2 MoE) over warps, for both copies and the
-column-wise copy alone (that one also in 128 x 64 tiles). Prints the median
+column-wise copy alone (that one also in 128 x 64 tiles); with --pass bwd the quantized
+backward's tile, its plain and slab (PACKED 1) paths. Prints the median
 time and the fraction of the measured copy bandwidth of the bytes each must move (read x,
 write each float8 copy and its scales).
 
     python benchmarks/tune_swiglu_fp8.py [--tokens 8192] [--n 14336]
     python benchmarks/tune_swiglu_fp8.py --form moe [--tokens 8192] [--n 1408] [--experts 256]
+    python benchmarks/tune_swiglu_fp8.py --pass bwd --warps 8,16  # the quantized backward
     TRITON_INTERPRET=1 python benchmarks/tune_swiglu_fp8.py --device cpu --form moe \
         --tokens 64 --n 256 --experts 4 --topk 2 --quick
 
@@ -26,6 +28,39 @@ import _tune as T
 import swiglu_fp8 as K  # noqa: E402 (triton_src on the path through _tune)
 
 
+def sweep_bwd(x, m, n, dev, args):
+    """The quantized backward's tile (dx of the plain form quantized in 1 x 128 blocks along
+    2n, both copies or the column-wise one): its plain path and its slab path (PACKED 1)
+    over warps, every output equal to the library's (fk.swiglu_fp8_backward)."""
+    dh = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    for layout in ("both", "columnwise"):
+        want = [t for t in torch.ops.fk.swiglu_fp8_backward(dh, x, layout, False)[1:]
+                if t is not None]
+        outs = [torch.empty_like(t) for t in want]
+        row = layout == "both"
+        q, s, qt, st = outs if row else (outs[0], outs[1], *outs)
+        nbytes = 2 * (dh.numel() + x.numel()) + sum(t.numel() * t.element_size() for t in want)
+        first = None
+        for packed, warps in itertools.product((0, 1), [int(w) for w in args.warps.split(",")]):
+            def run():
+                K.swiglu_fp8_bwd_q_kernel[(triton.cdiv(m, 128), n // 128)](
+                    dh, x, q, s, qt, st, m, n, int(row), 1, 0, TILE_M=128, TILE_N=128,
+                    PACKED=packed, num_warps=warps)
+
+            for t in outs:
+                t.fill_(float("nan")) if t.dtype == torch.float32 else t.view(
+                    torch.uint8).fill_(0x7F)
+            run()
+            name = f"bwd {layout:10s} PACKED {packed} warps {warps:2d}"
+            got = [t.float() for t in outs]
+            if dev == "cuda":
+                T.check(name, got, [t.float() for t in want], 0.0)
+            elif first is not None:  # the interpreter's own casts: against the first
+                T.check(name, got, first, 0.0)
+            first = first or [g.clone() for g in got]
+            T.timed(name, run, nbytes)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--form", default="plain", choices=["plain", "moe"])
@@ -35,6 +70,8 @@ def main():
     ap.add_argument("--experts", type=int, default=256)
     ap.add_argument("--topk", type=int, default=8)
     ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--pass", dest="which", default="fwd", choices=["fwd", "bwd"],
+                    help="bwd: the quantized backward (plain form), PACKED 0 / 1 over warps")
     T.add_device_args(ap)
     args = ap.parse_args()
     T.setup(args.device)
@@ -56,6 +93,9 @@ def main():
         e, probs, blocks = 0, x, x
     print(f"{args.form}: {m} x 2 x {n} bf16" + (f", {e} experts" if moe else "")
           + f"; library MoE warps {K.MOE_PACKED_WARPS}", flush=True)
+
+    if args.which == "bwd":
+        return sweep_bwd(x, m, n, dev, args)
 
     def library(layout):
         if moe:

@@ -190,34 +190,79 @@ def _swiglu_grads(dh, g, u):
 
 
 @triton.jit
+def _grad_in(dh_ptr, x_ptr, rows, cols, M, n):
+    """dh, gate and up of rows `rows` (< M), columns `cols` (< n), as stored; 0 outside."""
+    mask = (rows < M)[:, None] & (cols < n)[None, :]
+    x_offs = rows[:, None] * (2 * n) + cols[None, :]
+    return (tl.load(dh_ptr + rows[:, None] * n + cols[None, :], mask=mask, other=0.0),
+            tl.load(x_ptr + x_offs, mask=mask, other=0.0),
+            tl.load(x_ptr + x_offs + n, mask=mask, other=0.0))
+
+
+@triton.jit
+def _grad_of(dh, g, u, dtype):
+    """(d gate, d up) of the tiles _grad_in read, rounded to ``dtype`` and returned in it."""
+    dg, du = _swiglu_grads(dh.to(tl.float32), g.to(tl.float32), u.to(tl.float32))
+    return dg.to(dtype), du.to(dtype)
+
+
+@triton.jit
 def _grad_rows(dh_ptr, x_ptr, rows, cols, M, n):
     """(d gate, d up) of rows `rows` (< M), columns `cols` (< n), rounded to x's dtype and
     returned in fp32; 0 outside."""
-    dtype = x_ptr.dtype.element_ty
-    mask = (rows < M)[:, None] & (cols < n)[None, :]
-    x_offs = rows[:, None] * (2 * n) + cols[None, :]
-    dh = tl.load(dh_ptr + rows[:, None] * n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(x_ptr + x_offs + n, mask=mask, other=0.0).to(tl.float32)
-    dg, du = _swiglu_grads(dh, g, u)
-    return dg.to(dtype).to(tl.float32), du.to(dtype).to(tl.float32)
+    dh, g, u = _grad_in(dh_ptr, x_ptr, rows, cols, M, n)
+    dg, du = _grad_of(dh, g, u, x_ptr.dtype.element_ty)
+    return dg.to(tl.float32), du.to(tl.float32)
+
+
+@triton.jit
+def _grad_slab_rowwise(dg, du, rows, cols, M, K, cb, nb, q_ptr, s_ptr, pow2, want_row):
+    """The row-wise copy of one slab's d gate (block cb) and d up (block nb + cb)."""
+    _slab_rowwise(dg, rows, cols, M, M, K, cb, q_ptr, s_ptr, pow2, want_row)
+    _slab_rowwise(du, rows, cols + K // 2, M, M, K, nb + cb, q_ptr, s_ptr, pow2, want_row)
 
 
 @triton.jit
 def swiglu_fp8_bwd_q_kernel(dh_ptr, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, n, want_row,
-                            want_col, pow2, TILE_M: tl.constexpr, TILE_N: tl.constexpr):
-    # No word store here: with both copies it ran 3 % slower (H100, benchmarks/NOTES.md v18).
+                            want_col, pow2, TILE_M: tl.constexpr, TILE_N: tl.constexpr,
+                            PACKED: tl.constexpr = 0):
     rb = tl.program_id(0)
     cb = tl.program_id(1)
-    rows = rb.to(tl.int64) * TILE_M + tl.arange(0, TILE_M)
     cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)
     K = 2 * n
     nb = n // TILE_N  # column blocks of one half
-    dg, du = _grad_rows(dh_ptr, x_ptr, rows, cols, M, n)
-    fp8_store_tile(dg, rows, cols, rows < M, cols < n, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, cb, rb,
-               want_row, want_col, pow2)
-    fp8_store_tile(du, rows, cols + n, rows < M, cols < n, q_ptr, s_ptr, qt_ptr, st_ptr, M, K,
-               nb + cb, rb, want_row, want_col, pow2)
+    if PACKED:
+        # M % 4 == 0, TILE_M = 128: the tile as four slabs of rows 4 i + j, every slab's dh,
+        # gate and up read before any is computed (as the forward's _packed_tile), the
+        # column-wise copies of both halves in words.
+        dtype = x_ptr.dtype.element_ty
+        grp = rb.to(tl.int64) * (TILE_M // 4) + tl.arange(0, TILE_M // 4)
+        r = 4 * grp
+        h0, g0, u0 = _grad_in(dh_ptr, x_ptr, r, cols, M, n)
+        h1, g1, u1 = _grad_in(dh_ptr, x_ptr, r + 1, cols, M, n)
+        h2, g2, u2 = _grad_in(dh_ptr, x_ptr, r + 2, cols, M, n)
+        h3, g3, u3 = _grad_in(dh_ptr, x_ptr, r + 3, cols, M, n)
+        dg0, du0 = _grad_of(h0, g0, u0, dtype)
+        _grad_slab_rowwise(dg0, du0, r, cols, M, K, cb, nb, q_ptr, s_ptr, pow2, want_row)
+        dg1, du1 = _grad_of(h1, g1, u1, dtype)
+        _grad_slab_rowwise(dg1, du1, r + 1, cols, M, K, cb, nb, q_ptr, s_ptr, pow2, want_row)
+        dg2, du2 = _grad_of(h2, g2, u2, dtype)
+        _grad_slab_rowwise(dg2, du2, r + 2, cols, M, K, cb, nb, q_ptr, s_ptr, pow2, want_row)
+        dg3, du3 = _grad_of(h3, g3, u3, dtype)
+        _grad_slab_rowwise(dg3, du3, r + 3, cols, M, K, cb, nb, q_ptr, s_ptr, pow2, want_row)
+        fp8_store_packed(dg0.to(tl.float32), dg1.to(tl.float32), dg2.to(tl.float32),
+                         dg3.to(tl.float32), grp, 0, cols, M, K, rb, cb, q_ptr, s_ptr, qt_ptr,
+                         st_ptr, 0, want_col, pow2, M, 1)
+        fp8_store_packed(du0.to(tl.float32), du1.to(tl.float32), du2.to(tl.float32),
+                         du3.to(tl.float32), grp, 0, cols + n, M, K, rb, nb + cb, q_ptr, s_ptr,
+                         qt_ptr, st_ptr, 0, want_col, pow2, M, 1)
+    else:
+        rows = rb.to(tl.int64) * TILE_M + tl.arange(0, TILE_M)
+        dg, du = _grad_rows(dh_ptr, x_ptr, rows, cols, M, n)
+        fp8_store_tile(dg, rows, cols, rows < M, cols < n, q_ptr, s_ptr, qt_ptr, st_ptr, M, K,
+                       cb, rb, want_row, want_col, pow2)
+        fp8_store_tile(du, rows, cols + n, rows < M, cols < n, q_ptr, s_ptr, qt_ptr, st_ptr, M,
+                       K, nb + cb, rb, want_row, want_col, pow2)
 
 
 @triton.jit
@@ -277,6 +322,7 @@ MOE_PACKED_WARPS = 4
 # linghe's shape 173.8 against 188.1 at 4; tune_swiglu_fp8.py, benchmarks/NOTES.md v34).
 FLAG_COLS = 2
 COLS_TILE = (64, 4)
+BWD_PACKED = 1
 # dx kernel: tiles of DX_ROWS rows x DX_BLOCK columns (16 bytes per thread and load for 2-byte
 # types with 4 warps), looped over n; the variant quantizing dx row-wise ("swiglu_fp8_dx_q")
 # takes chunks of one block, 128 columns, over 8 rows.
@@ -310,7 +356,7 @@ def variants(arch: int) -> list:
     out = []
     for dt in DTYPES:
         fwd = _sig(_FWD, dt, ("TILE_M", "TILE_N", "PACKED"))
-        bwd_q = _sig(_BWD_Q, dt, ("TILE_M", "TILE_N"))
+        bwd_q = _sig(_BWD_Q, dt, ("TILE_M", "TILE_N", "PACKED"))
         dx = _sig(_DX, dt, ("ROWS", "BLOCK_N"))
         # FLAG_ALIGNED: M and n multiples of 16 and x 16-byte aligned (wide loads and stores).
         for flags in (0, FLAG_ALIGNED):
@@ -327,7 +373,8 @@ def variants(arch: int) -> list:
                                      8 if tile == TILE else 4)
                 out.append(Variant(family="swiglu_fp8_bwd_q", kernel="swiglu_fp8_bwd_q_kernel",
                                    dtype=dt, block=tile, signature=bwd_q,
-                                   constexprs={"TILE_M": tile, "TILE_N": TILE},
+                                   constexprs={"TILE_M": tile, "TILE_N": TILE,
+                                               "PACKED": packed * BWD_PACKED},
                                    num_warps=8 if tile == TILE else 4, flags=flags,
                                    divisible_by_16=aligned_args(bwd_q, flags, ("M", "n"))))
             # The aligned MoE form stores words where the segments allow (PACKED = 2).

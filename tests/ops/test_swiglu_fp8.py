@@ -224,6 +224,27 @@ def test_interpreter_dx_quantized(dtype, m, n):
         assert_close(dp, dp0, torch.float32, what="dp")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["both", "columnwise"])
+@pytest.mark.parametrize("m,n", [(256, 256), (132, 128), (4, 384)])
+def test_interpreter_backward_packed_path(dtype, layout, m, n):
+    """The quantized backward's PACKED path (the tile as four slabs of interleaved rows, both
+    halves' column-wise copies in words) writes the same bytes and scales as its plain path,
+    which test_interpreter_backward_quantized checks against the reference: float8 outputs
+    on both sides; partial row tiles, zeros, inf and NaN among the inputs."""
+    mod = load_triton_src("swiglu_fp8")
+    x, dh = randn(m, 2 * n, dtype=dtype, scale=2.0), randn(m, n, dtype=dtype)
+    x[0, :128] = 0
+    dh[1, 3], x[2, 5], x[3, n + 7] = math.inf, math.nan, -math.inf
+    want_row = int(layout == "both")
+    for pow2 in (0, 1):
+        def launch(packed, q, s, qt, st):
+            mod.swiglu_fp8_bwd_q_kernel[(cdiv(m, 128), n // 128)](
+                dh, x, q, s, qt, st, m, n, want_row, 1, pow2, TILE_M=128, TILE_N=128,
+                PACKED=packed)
+        packed_same(launch, m, 2 * n, want_row)
+
+
 # (layout, TILE_N of the PACKED run): the column-wise copy alone also in the FLAG_COLS
 # variants' narrower tiles
 PACKED_FORMS = [("both", 128), ("columnwise", 128), ("columnwise", 64)]
@@ -317,6 +338,7 @@ def test_variants_cover_every_dtype():
                                                  for eb in (64, 256, 1024)}
         for v in mod.variants(arch):  # the word stores need M % 4 == 0
             packed = {"swiglu_fp8_fwd": int(v.flags & 1 and v.block == 128),
+                      "swiglu_fp8_bwd_q": int(v.flags & 1 and v.block == 128) * mod.BWD_PACKED,
                       "moe_swiglu_fp8_fwd": 2 * (v.flags & 1)}.get(v.family, 0)
             assert v.constexprs.get("PACKED", 0) == packed, (v.family, v.flags, v.block)
             if v.family.endswith("swiglu_fp8_fwd") and v.constexprs["TILE_M"] == 128:
