@@ -15,6 +15,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The variants' names of those dtypes (triton_src/_common.py DTYPES).
+VARIANT_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 # Relative error bounds (||out - ref|| / ||ref||) for one rounding to the dtype, plus room
 # for fp32 accumulation-order differences.
@@ -406,6 +408,17 @@ def packed_same(launch, m, k, want_row, weight=False):
     assert not unwritten.any() if want_row else unwritten.all()
     return extra
 
+
+def fixed_copies_same(launch, flags):
+    """A quantizing kernel's variant with its copies fixed at compile time (constexpr COPIES,
+    _common.COPIES_*) writes what the same kernel writes reading them from its arguments.
+    ``flags`` maps each argument a variant may fix to the value it fixes it to;
+    ``launch(args, fixed)`` runs the kernel with those arguments and returns its outputs
+    (pre-filled). The fixed run gets every argument flipped, so a variant that read one would
+    write something else; compared as bits."""
+    got = [launch({a: 1 - v for a, v in flags.items()}, True), launch(dict(flags), False)]
+    for a, b in zip(*got):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 # --- MoE routing (fk.moe_permute, fk.moe_permute_fp8): the row map of

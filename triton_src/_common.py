@@ -26,6 +26,15 @@ FLAG_LOW_BANDWIDTH = 512
 
 DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 
+# The FP8 copies a quantizing kernel's variant writes, fixed at compile time (its constexpr
+# COPIES), for a variant the launcher picks only for that layout; 0 (the default) reads them
+# from the kernel's want_row / want_col arguments. Fixed, every branch on them folds away, as
+# the JIT does for a flag passed as 1: moe_swiglu_fp8's tile 228.5 -> 213.0 us (H200,
+# benchmarks/NOTES.md v35).
+COPIES_BOTH = tl.constexpr(1)
+COPIES_COLS = tl.constexpr(2)  # the column-wise copy alone
+COPIES_ROWS = tl.constexpr(3)  # the row-wise copy alone
+
 
 @dataclass(frozen=True)
 class Variant:

@@ -38,8 +38,9 @@ sm_80 has no FP8 conversions.
 import triton
 import triton.language as tl
 
-from _common import (DTYPES, FLAG_ALIGNED, FLAG_LOW_BANDWIDTH, Variant, aligned_args,
-                     fp8_amax, fp8_store_1x128, fp8_store_packed, fp8_word, max_nan)
+from _common import (COPIES_BOTH, COPIES_COLS, COPIES_ROWS, DTYPES, FLAG_ALIGNED,
+                     FLAG_LOW_BANDWIDTH, Variant, aligned_args, fp8_amax, fp8_store_1x128,
+                     fp8_store_packed, fp8_word, max_nan)
 from _common import fp8_quantize_values as _quantize
 from _common import fp8_scale as _scale
 
@@ -50,6 +51,9 @@ TILE = 128
 FLAG_ROWS = 2  # 1 x 128 blocks, the row-wise copy alone
 FLAG_COLS = 4  # 1 x 128 blocks, the column-wise copy alone
 FLAG_WEIGHT = 8  # 128 x 128 blocks
+# The copies each form's variants write, fixed at compile time (the weight's: the arguments').
+FORM_COPIES = {0: COPIES_BOTH.value, FLAG_ROWS: COPIES_ROWS.value, FLAG_COLS: COPIES_COLS.value,
+               FLAG_WEIGHT: 0}
 # (flags, TILE_M, TILE_K, warps) per form; no flag: 1 x 128 blocks, both copies. From
 # benchmarks/tune_fp8_quantize.py on an H100 at 8192 x 4096 bf16 (benchmarks/NOTES.md v14).
 FORMS = ((0, 128, 128, 8), (FLAG_ROWS, 32, 128, 4), (FLAG_COLS, 128, 32, 4),
@@ -184,7 +188,11 @@ def _plain(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_row, want_col
 @triton.jit
 def fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, weight, want_row, want_col,
                         pow2, TILE_M: tl.constexpr, TILE_K: tl.constexpr,
-                        PACKED: tl.constexpr = 0, PERSISTENT: tl.constexpr = 0):
+                        PACKED: tl.constexpr = 0, PERSISTENT: tl.constexpr = 0,
+                        COPIES: tl.constexpr = 0):
+    if COPIES != 0:  # the variant's copies (COPIES_*), fixed at compile time
+        want_row = COPIES != COPIES_COLS
+        want_col = COPIES != COPIES_ROWS
     if PERSISTENT:
         # The PACKED path over a persistent grid: program p walks tiles p, p + P, ...
         # (row-major) and loads its next tile's slabs before it quantizes and stores the
@@ -230,7 +238,7 @@ def variants(arch: int) -> list:
     for dt in DTYPES:
         sig = {a: _TYPES.get(a, f"*{dt}") for a in _ARGS}
         sig.update({"TILE_M": "constexpr", "TILE_K": "constexpr", "PACKED": "constexpr",
-                    "PERSISTENT": "constexpr"})
+                    "PERSISTENT": "constexpr", "COPIES": "constexpr"})
         # FLAG_ALIGNED: M and K multiples of 16 and x 16-byte aligned, so that the loads and
         # the float8 stores (one byte each otherwise) are 16 bytes wide.
         for form, plain_m, plain_k, plain_warps in FORMS:
@@ -250,7 +258,8 @@ def variants(arch: int) -> list:
                     out.append(Variant(family="fp8_quantize", kernel="fp8_quantize_kernel",
                                        dtype=dt, block=TILE, signature=sig,
                                        constexprs={"TILE_M": tile_m, "TILE_K": tile_k,
-                                                   "PACKED": packed, "PERSISTENT": per_sm},
+                                                   "PACKED": packed, "PERSISTENT": per_sm,
+                                                   "COPIES": FORM_COPIES[form]},
                                        num_warps=warps,
                                        flags=flags | extra,
                                        divisible_by_16=aligned_args(sig, flags, ("M", "K"))))

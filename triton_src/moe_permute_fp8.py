@@ -37,9 +37,9 @@ Offsets are int64. Built for sm_90 and newer only (as fp8_quantize).
 import triton
 import triton.language as tl
 
-from _common import (DTYPES, FLAG_ALIGNED, Variant, aligned_args, fp8_amax, fp8_quantize_values,
-                     fp8_scale, fp8_store_packed, fp8_store_tile, moe_routed, moe_routed_count,
-                     segment_block,
+from _common import (COPIES_COLS, DTYPES, FLAG_ALIGNED, Variant, aligned_args,
+                     fp8_amax, fp8_quantize_values, fp8_scale, fp8_store_packed, fp8_store_tile,
+                     moe_routed, moe_routed_count, segment_block,
                      segment_blocks_kernel,  # noqa: F401 (a kernel of this op's variants)
                      segment_blocks_variants)
 
@@ -130,7 +130,10 @@ def _slab_tile(x_ptr, src_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, row0, end, rb, cb, 
 @triton.jit
 def moe_permute_fp8_tile_kernel(x_ptr, src_ptr, blocks_ptr, pin_ptr, pout_ptr, q_ptr, s_ptr,
                                 qt_ptr, st_ptr, T, H, E, N, want_row, want_pp, pow2,
-                                PACKED: tl.constexpr = 0, TILE_K: tl.constexpr = 128):
+                                PACKED: tl.constexpr = 0, TILE_K: tl.constexpr = 128,
+                                COPIES: tl.constexpr = 0):
+    if COPIES == COPIES_COLS:  # the variant for the column-wise copy alone, fixed
+        want_row = 0
     # Tile (rb, cb): rows of the rb-th block, columns cb * TILE_K ..; with want_row, TILE_K
     # must be 128 (cb is then the row-wise scales' row; the launcher sees to it).
     rb = tl.program_id(0)
@@ -174,7 +177,7 @@ _KERNELS = {
     "moe_permute_fp8_tile": ("moe_permute_fp8_tile_kernel",
                              ("x_ptr", "src_ptr", "blocks_ptr", "pin_ptr", "pout_ptr", "q_ptr",
                               "s_ptr", "qt_ptr", "st_ptr", "T", "H", "E", "N", "want_row",
-                              "want_pp", "pow2"), ("PACKED", "TILE_K")),
+                              "want_pp", "pow2"), ("PACKED", "TILE_K", "COPIES")),
 }
 _PROBS_ARGS = ("pin_ptr", "pout_ptr")
 _ALIGNED_ARGS = ("x_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr")
@@ -221,15 +224,19 @@ def variants(arch: int) -> list:
                                        divisible_by_16=hints))
                     continue
                 # The aligned variant (N % 4 == 0 too) reads slabs (PACKED = 1), at 128
-                # columns and, for the column-wise copy alone, at COLS_TILE's (FLAG_COLS).
+                # columns and, for the column-wise copy alone, at COLS_TILE's (FLAG_COLS),
+                # that one compiled for that copy (COPIES; H200, the library at linghe's
+                # shape: 0.1874 -> 0.1599 ms). Both copies fixed so went 0.2416 -> 0.2470 ms
+                # (three A/B pairs), so that form reads want_row (benchmarks/NOTES.md v35).
                 packed = int(bool(flags & FLAG_ALIGNED))
-                forms = [(0, TILE.value, TILE_WARPS[packed])]
+                forms = [(0, TILE.value, TILE_WARPS[packed], 0)]
                 if packed:
-                    forms.append((FLAG_COLS, *COLS_TILE))
-                for form, tile_k, warps in forms:
+                    forms.append((FLAG_COLS, *COLS_TILE, COPIES_COLS.value))
+                for form, tile_k, warps, copies in forms:
                     out.append(Variant(family=family, kernel=kernel, dtype=dt,
                                        block=MAX_EXPERTS, signature=sig,
-                                       constexprs={"PACKED": packed, "TILE_K": tile_k},
+                                       constexprs={"PACKED": packed, "TILE_K": tile_k,
+                                                   "COPIES": copies},
                                        num_warps=warps, flags=flags | form,
                                        divisible_by_16=hints))
     # The column-wise copy's table of blocks (the padded counts, int32).

@@ -24,7 +24,7 @@ FP8 variants exist for sm_90 and newer only, as fp8_quantize's.
 import triton
 import triton.language as tl
 
-from _common import (DTYPES, FLAG_ALIGNED, Variant, aligned_args, fp8_amax,
+from _common import (COPIES_COLS, DTYPES, FLAG_ALIGNED, Variant, aligned_args, fp8_amax,
                      fp8_quantize_values, fp8_scale, fp8_store_1x128, rms_normalize,
                      rms_weight)
 
@@ -82,7 +82,11 @@ def rms_norm_fp8_rstd_kernel(x_ptr, rstd_ptr, M, K, eps, BLOCK_K: tl.constexpr):
 @triton.jit
 def rms_norm_fp8_tile_kernel(x_ptr, w_ptr, rstd_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, y_ptr, M, K,
                              want_row, want_col, want_y, pow2, TILE_M: tl.constexpr,
-                             TILE_K: tl.constexpr):
+                             TILE_K: tl.constexpr, COPIES: tl.constexpr = 0):
+    if COPIES == COPIES_COLS:  # the variant for the column-wise copy alone: nothing else
+        want_row = 0
+        want_col = 1
+        want_y = 0
     dtype = x_ptr.dtype.element_ty
     rb = tl.program_id(0)
     cb = tl.program_id(1)
@@ -102,7 +106,7 @@ def rms_norm_fp8_tile_kernel(x_ptr, w_ptr, rstd_ptr, q_ptr, s_ptr, qt_ptr, st_pt
 
 
 # Tiles of the tile kernel: (flags, TILE_M, TILE_K, warps). No flag: 128 x 128, any outputs;
-# FLAG_COLS: 128 x 32 for the column-wise copy alone (what fp8_quantize's tuning found
+# FLAG_COLS: 128 x 32 for the column-wise copy alone (and nothing else, fixed: COPIES) (what fp8_quantize's tuning found
 # fastest for that copy on an H100; benchmarks/NOTES.md v14).
 FLAG_COLS = 2
 TILE_FORMS = ((0, TILE, TILE, 8), (FLAG_COLS, TILE, 32, 4))
@@ -157,5 +161,7 @@ def variants(arch: int) -> list:
                 if flags and form == FLAG_COLS:
                     tile_m, tile_k, warps = ALIGNED_COLS_TILE
                 add("rms_norm_fp8_tile", "rms_norm_fp8_tile_kernel", _TILE_ARGS, TILE,
-                    {"TILE_M": tile_m, "TILE_K": tile_k}, warps, ("M", "K"), form)
+                    {"TILE_M": tile_m, "TILE_K": tile_k,
+                     "COPIES": COPIES_COLS.value if form == FLAG_COLS else 0},
+                    warps, ("M", "K"), form)
     return out

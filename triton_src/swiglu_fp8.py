@@ -44,8 +44,9 @@ newer only (as fp8_quantize: sm_80 has no FP8 conversions).
 import triton
 import triton.language as tl
 
-from _common import (DTYPES, FLAG_ALIGNED, Variant, aligned_args, fp8_store_packed,
-                     fp8_store_rowwise, fp8_store_tile, segment_block,
+from _common import (COPIES_BOTH, COPIES_COLS, COPIES_ROWS, DTYPES, FLAG_ALIGNED, Variant,
+                     aligned_args, fp8_store_packed, fp8_store_rowwise, fp8_store_tile,
+                     segment_block,
                      segment_blocks_kernel,  # noqa: F401 (a kernel of this op's variants)
                      segment_blocks_variants, sigmoid_approx)
 
@@ -140,7 +141,13 @@ def _packed_tile(x_ptr, p_ptr, h_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, grp0, off, e
 @triton.jit
 def swiglu_fp8_fwd_kernel(x_ptr, p_ptr, blocks_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, h_ptr, M, n, E,
                           has_p, want_row, want_col, want_h, pow2, TILE_M: tl.constexpr,
-                          TILE_N: tl.constexpr, PACKED: tl.constexpr = 0):
+                          TILE_N: tl.constexpr, PACKED: tl.constexpr = 0,
+                          COPIES: tl.constexpr = 0, HAS_P: tl.constexpr = 0):
+    if COPIES != 0:  # the variant's copies (COPIES_*), fixed at compile time
+        want_row = COPIES != COPIES_COLS
+        want_col = COPIES != COPIES_ROWS
+    if HAS_P:  # the MoE form's variants: probs always given
+        has_p = 1
     rb = tl.program_id(0)
     cb = tl.program_id(1)
     if PACKED == 1:  # the plain form, M % 4 == 0: every tile's column-wise copy in words
@@ -225,7 +232,10 @@ def _grad_slab_rowwise(dg, du, rows, cols, M, K, cb, nb, q_ptr, s_ptr, pow2, wan
 @triton.jit
 def swiglu_fp8_bwd_q_kernel(dh_ptr, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, n, want_row,
                             want_col, pow2, TILE_M: tl.constexpr, TILE_N: tl.constexpr,
-                            PACKED: tl.constexpr = 0):
+                            PACKED: tl.constexpr = 0, COPIES: tl.constexpr = 0):
+    if COPIES != 0:  # the variant's copies (COPIES_*), fixed at compile time
+        want_row = COPIES != COPIES_COLS
+        want_col = COPIES != COPIES_ROWS
     rb = tl.program_id(0)
     cb = tl.program_id(1)
     cols = cb.to(tl.int64) * TILE_N + tl.arange(0, TILE_N)
@@ -322,7 +332,11 @@ MOE_PACKED_WARPS = 4
 # linghe's shape 173.8 against 188.1 at 4; tune_swiglu_fp8.py, benchmarks/NOTES.md v34).
 FLAG_COLS = 2
 COLS_TILE = (64, 4)
-BWD_PACKED = 1
+# The quantized backward's aligned 128-row tile as slabs (PACKED = 1): (warps for both copies,
+# warps for the column-wise copy alone (FLAG_COLS)). H200, JIT, 8192 x 2 x 14336, the plain
+# tile's best in brackets: both 478.6 us at 4 warps (621.2 at 8), column-wise 416.6 at 8
+# (432.0 at 4) (tune_swiglu_fp8.py --pass bwd, benchmarks/NOTES.md v35).
+BWD_PACKED_WARPS = (4, 8)
 # dx kernel: tiles of DX_ROWS rows x DX_BLOCK columns (16 bytes per thread and load for 2-byte
 # types with 4 warps), looped over n; the variant quantizing dx row-wise ("swiglu_fp8_dx_q")
 # takes chunks of one block, 128 columns, over 8 rows.
@@ -338,16 +352,42 @@ def _sig(args, dt, constexprs):
     return sig
 
 
+def _copies(tile_m, packed):
+    """COPIES of a variant of form 0: the row-wise copy alone for 32-row tiles, both copies
+    for the aligned (packed) 128-row ones (the column-wise copy alone has its own FLAG_COLS
+    variants there), the arguments' for the rest."""
+    return int(COPIES_ROWS) if tile_m != TILE else int(COPIES_BOTH) if packed else 0
+
+
 def _fwd_variants(family, dt, block, sig, mn, flags, tile_m, packed, warps) -> list:
     """The forward's variants of one family, dtype and flags: 128 columns a tile at ``warps``
     and, where ``packed`` (the aligned variants), COLS_TILE's tiles for the column-wise copy
-    alone (FLAG_COLS)."""
-    forms = [(0, TILE, warps)] + ([(FLAG_COLS, *COLS_TILE)] if packed else [])
+    alone (FLAG_COLS). The MoE family's (block MAX_EXPERTS) take probs as given (HAS_P)."""
+    forms = [(0, TILE, warps, _copies(tile_m, packed))]
+    if packed:
+        forms.append((FLAG_COLS, *COLS_TILE, int(COPIES_COLS)))
     return [Variant(family=family, kernel="swiglu_fp8_fwd_kernel", dtype=dt, block=block,
                     signature=sig,
-                    constexprs={"TILE_M": tile_m, "TILE_N": tile_n, "PACKED": packed},
+                    constexprs={"TILE_M": tile_m, "TILE_N": tile_n, "PACKED": packed,
+                                "COPIES": copies, "HAS_P": int(block == MAX_EXPERTS)},
                     num_warps=w, flags=flags | form, divisible_by_16=mn)
-            for form, tile_n, w in forms]
+            for form, tile_n, w, copies in forms]
+
+
+def _bwd_q_variants(dt, sig, flags, tile_m, packed) -> list:
+    """The quantized backward's variants of one dtype and flags: where ``packed`` (aligned,
+    128 rows), the slab tile for both copies and for the column-wise copy alone (FLAG_COLS)."""
+    if packed:
+        forms = [(0, 1, BWD_PACKED_WARPS[0], int(COPIES_BOTH)),
+                 (FLAG_COLS, 1, BWD_PACKED_WARPS[1], int(COPIES_COLS))]
+    else:
+        forms = [(0, 0, 8 if tile_m == TILE else 4, _copies(tile_m, packed))]
+    return [Variant(family="swiglu_fp8_bwd_q", kernel="swiglu_fp8_bwd_q_kernel", dtype=dt,
+                    block=tile_m, signature=sig,
+                    constexprs={"TILE_M": tile_m, "TILE_N": TILE, "PACKED": p, "COPIES": copies},
+                    num_warps=w, flags=flags | form,
+                    divisible_by_16=aligned_args(sig, flags, ("M", "n")))
+            for form, p, w, copies in forms]
 
 
 def variants(arch: int) -> list:
@@ -355,8 +395,8 @@ def variants(arch: int) -> list:
         return []
     out = []
     for dt in DTYPES:
-        fwd = _sig(_FWD, dt, ("TILE_M", "TILE_N", "PACKED"))
-        bwd_q = _sig(_BWD_Q, dt, ("TILE_M", "TILE_N", "PACKED"))
+        fwd = _sig(_FWD, dt, ("TILE_M", "TILE_N", "PACKED", "COPIES", "HAS_P"))
+        bwd_q = _sig(_BWD_Q, dt, ("TILE_M", "TILE_N", "PACKED", "COPIES"))
         dx = _sig(_DX, dt, ("ROWS", "BLOCK_N"))
         # FLAG_ALIGNED: M and n multiples of 16 and x 16-byte aligned (wide loads and stores).
         for flags in (0, FLAG_ALIGNED):
@@ -371,12 +411,7 @@ def variants(arch: int) -> list:
                 packed = int(bool(flags) and tile == TILE)
                 out += _fwd_variants("swiglu_fp8_fwd", dt, tile, fwd, mn, flags, tile, packed,
                                      8 if tile == TILE else 4)
-                out.append(Variant(family="swiglu_fp8_bwd_q", kernel="swiglu_fp8_bwd_q_kernel",
-                                   dtype=dt, block=tile, signature=bwd_q,
-                                   constexprs={"TILE_M": tile, "TILE_N": TILE,
-                                               "PACKED": packed * BWD_PACKED},
-                                   num_warps=8 if tile == TILE else 4, flags=flags,
-                                   divisible_by_16=aligned_args(bwd_q, flags, ("M", "n"))))
+                out += _bwd_q_variants(dt, bwd_q, flags, tile, packed)
             # The aligned MoE form stores words where the segments allow (PACKED = 2).
             out += _fwd_variants("moe_swiglu_fp8_fwd", dt, MAX_EXPERTS, fwd, mn, flags, TILE,
                                  2 if flags else 0, MOE_PACKED_WARPS if flags else 8)

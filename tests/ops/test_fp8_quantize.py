@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import fk
-from helpers import (DTYPES, cdiv, error_lines, load_triton_src, misaligned, packed_same,
-                     poison_cuda_cache, randn, ref_dequantize, ref_quantize, ref_quantize_rows,
-                     same)
+from helpers import (DTYPES, VARIANT_DTYPE, cdiv, error_lines, fixed_copies_same,
+                     load_triton_src, misaligned, packed_same, poison_cuda_cache, randn,
+                     ref_dequantize, ref_quantize, ref_quantize_rows, same)
 
 FP8 = torch.float8_e4m3fn
 BLOCKS = [(1, 128), (128, 128)]
@@ -178,6 +178,36 @@ def test_interpreter_persistent_path(dtype, form, programs, shape):
         mod.fp8_quantize_kernel[g](x, q, s, qt, st, m, k, 0, want_row, 1, 0, TILE_M=tile_m,
                                    TILE_K=tile_k, PACKED=1, PERSISTENT=persistent)
     packed_same(launch, m, k, want_row)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_interpreter_variants_fixed_copies(dtype):
+    """Every variant whose copies are fixed at compile time (COPIES: both, the row-wise or the
+    column-wise copy alone, by form) writes the same bits as itself reading them from its
+    arguments, at its own tile and path (slabs, persistent grid)."""
+    mod = load_triton_src("fp8_quantize")
+    m, k = 160, 256
+    x = randn(m, k, dtype=dtype, scale=3.0)
+    x[0, :128] = 0
+    x[5, 7] = math.nan
+    for v in mod.variants(90):
+        c = v.constexprs
+        if v.dtype != VARIANT_DTYPE[dtype] or not c["COPIES"]:
+            continue
+        assert c["COPIES"] == mod.FORM_COPIES[v.flags & (mod.FLAG_ROWS | mod.FLAG_COLS)]
+        flags = {"want_row": int(c["COPIES"] != mod.COPIES_COLS),
+                 "want_col": int(c["COPIES"] != mod.COPIES_ROWS)}
+
+        def launch(f, fixed, c=c):
+            q, qt = torch.zeros(m, k, dtype=FP8), torch.zeros(k, m, dtype=FP8)
+            s, st = torch.full((cdiv(k, 128), m), -1.0), torch.full((cdiv(m, 128), k), -1.0)
+            grid = ((3,) if c["PERSISTENT"] else
+                    (cdiv(m, c["TILE_M"]), cdiv(k, c["TILE_K"])))
+            mod.fp8_quantize_kernel[grid](x, q, s, qt, st, m, k, 0, f["want_row"],
+                                          f["want_col"], 1, **dict(c, COPIES=c["COPIES"] *
+                                                                   fixed))
+            return q, s, qt, st
+        fixed_copies_same(launch, flags)
 
 
 def test_variants_cover_every_dtype():

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import fk
-from helpers import (DTYPES, assert_close, cdiv, error_lines, interp_row_map,
-                     interp_segment_blocks, load_triton_src, misaligned, poison_cuda_cache,
+from helpers import (DTYPES, VARIANT_DTYPE, assert_close, cdiv, error_lines,
+                     fixed_copies_same, interp_row_map, interp_segment_blocks, load_triton_src, misaligned, poison_cuda_cache,
                      randn, ref_permute, ref_quantize_rows, ref_quantize_segments,
                      ref_segment_blocks, routing, same)
 
@@ -184,6 +184,37 @@ def test_interpreter_columnwise_narrow_tiles(dtype, pad_to, extra):
     ref = ref_quantized(*args[:6], slabs[2].shape[1])
     assert torch.equal(_bits(slabs[2]), _bits(plain8[2]))
     check(slabs, (*ref[:2], plain8[2], *ref[3:]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_interpreter_tile_variants_fixed_copies(dtype):
+    """The tile kernel's variants for the column-wise copy alone, compiled for it (COPIES),
+    write the same bits as themselves reading it from their arguments, at their own tiles,
+    over segments with partial and empty blocks."""
+    mod = load_triton_src("moe_permute_fp8")
+    t, h, e = 40, 256, 5
+    rmap, probs = routing(t, e, 2, empty=(3,))
+    tokens = special_tokens(t, h, dtype)
+    tpe, row_map, src, n = interp_row_map(rmap, 4, multiple=4)
+    rows_t = (n + 127 * e) // 128
+    blocks = interp_segment_blocks(mod, tpe, n, rows_t + 1)
+    for v in mod.variants(90):
+        c = v.constexprs
+        if v.family != "moe_permute_fp8_tile" or v.dtype != VARIANT_DTYPE[dtype]:
+            continue
+        assert c["COPIES"] == (mod.COPIES_COLS if v.flags & mod.FLAG_COLS else 0), v
+        if not c["COPIES"] or v.flags & mod.FLAG_PROBS_F32:
+            continue
+
+        def launch(f, fixed, c=c):
+            q, qt = torch.zeros(n, h, dtype=FP8), torch.zeros(h, n, dtype=FP8)
+            s, st = torch.full((cdiv(h, 128), n), -1.0), torch.full((rows_t + 1, h), -1.0)
+            pout = torch.full((n,), -1.0)
+            mod.moe_permute_fp8_tile_kernel[(rows_t + 1, cdiv(h, c["TILE_K"]))](
+                tokens, src, blocks, probs, pout, q, s, qt, st, t, h, e, n, f["want_row"], 1,
+                0, **dict(c, COPIES=c["COPIES"] * fixed))
+            return q, s, qt, st, pout
+        fixed_copies_same(launch, {"want_row": 0})
 
 
 def test_variants_cover_every_dtype():

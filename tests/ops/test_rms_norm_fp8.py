@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import fk
-from helpers import (DTYPES, assert_close, cdiv, error_lines, load_triton_src, misaligned,
-                     poison_cuda_cache, randn, ref_grads, ref_quantize, ref_rms_norm,
-                     ref_rms_norm_grads, round_toward_zero, same)
+from helpers import (DTYPES, VARIANT_DTYPE, assert_close, cdiv, error_lines,
+                     fixed_copies_same, load_triton_src, misaligned, poison_cuda_cache, randn,
+                     ref_grads, ref_quantize, ref_rms_norm, ref_rms_norm_grads,
+                     round_toward_zero, same)
 
 FP8 = torch.float8_e4m3fn
 LAYOUTS = ["rowwise", "columnwise", "both"]
@@ -120,6 +121,34 @@ def test_interpreter(dtype, pow2, shape):
         assert_close(rstd, ref_rstd(x), torch.float32, what=f"rstd ({path})")
         for g, want in zip((q, s, qt, st), ref_quantize(y, (1, 128), pow2)):
             same(g, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_interpreter_tile_variants_fixed_outputs(dtype):
+    """The tile kernel's variants for the column-wise copy alone (COPIES) write it and
+    nothing else (no row-wise copy, no y) whatever their arguments say: the same bits as the
+    kernel told so by its arguments, at the variants' own tiles."""
+    mod = load_triton_src("rms_norm_fp8")
+    m, k = 160, 256
+    x, w = randn(m, k, dtype=dtype, scale=2.0), randn(k, dtype=dtype)
+    rstd = torch.rand(m) + 0.5
+    for v in mod.variants(90):
+        c = v.constexprs
+        if v.family != "rms_norm_fp8_tile" or v.dtype != VARIANT_DTYPE[dtype]:
+            continue
+        assert c["COPIES"] == (mod.COPIES_COLS if v.flags & mod.FLAG_COLS else 0), v
+        if not c["COPIES"]:
+            continue
+
+        def launch(f, fixed, c=c):
+            q, qt = torch.zeros(m, k, dtype=FP8), torch.zeros(k, m, dtype=FP8)
+            s, st = torch.full((cdiv(k, 128), m), -1.0), torch.full((cdiv(m, 128), k), -1.0)
+            y = torch.zeros(m, k, dtype=dtype)
+            mod.rms_norm_fp8_tile_kernel[(cdiv(m, 128), cdiv(k, c["TILE_K"]))](
+                x, w, rstd, q, s, qt, st, y, m, k, f["want_row"], f["want_col"], f["want_y"],
+                0, **dict(c, COPIES=c["COPIES"] * fixed))
+            return q, s, qt, st, y
+        fixed_copies_same(launch, {"want_row": 0, "want_col": 1, "want_y": 0})
 
 
 def test_variants_cover_every_dtype():

@@ -14,9 +14,9 @@ import torch
 
 import fk
 from helpers import (DTYPES, assert_close, assert_quantized_near, cdiv, error_lines,
-                     interp_segment_blocks, load_triton_src, misaligned, packed_same,
+                     fixed_copies_same, interp_segment_blocks, load_triton_src, misaligned, packed_same,
                      poison_cuda_cache, randn, ref_grads, ref_quantize_rows,
-                     ref_quantize_segments, ref_swiglu, round_toward_zero, same)
+                     ref_quantize_segments, ref_swiglu, round_toward_zero, same, VARIANT_DTYPE)
 
 FP8 = torch.float8_e4m3fn
 LAYOUTS = ["rowwise", "columnwise", "both"]
@@ -319,6 +319,49 @@ def test_interpreter_moe_packed_path(dtype, layout, tile_n, counts):
     assert (got[1][1] == torch.tensor(-1.0).view(torch.int32)).all() != bool(want_row)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_interpreter_variants_fixed_copies(dtype):
+    """Every variant of the forward and the quantized backward whose copies are fixed at
+    compile time (COPIES; the MoE form's HAS_P) writes the same bits as itself reading them
+    from its arguments, at its own tiles and paths (slabs, 128 x 64 tiles, segments)."""
+    mod = load_triton_src("swiglu_fp8")
+    m, n, counts = 128, 256, [64, 28, 36]
+    x, probs, tpe = moe_inputs(counts, n, dtype)
+    dh = randn(m, n, dtype=dtype)
+    rows_t = (m + 127 * len(counts)) // 128
+    blocks = interp_segment_blocks(mod, tpe, m, rows_t)
+    for v in mod.variants(90):
+        c = dict(v.constexprs)
+        if v.dtype != VARIANT_DTYPE[dtype] or not (c.get("COPIES") or c.get("HAS_P")):
+            continue
+        copies, flags = c["COPIES"], {}  # the arguments this variant fixes (both copies else)
+        if copies:
+            flags.update(want_row=int(copies != mod.COPIES_COLS),
+                         want_col=int(copies != mod.COPIES_ROWS))
+        if c.get("HAS_P"):
+            flags["has_p"] = 1
+        moe = v.family == "moe_swiglu_fp8_fwd"
+        bwd = v.family == "swiglu_fp8_bwd_q"
+        k = 2 * n if bwd else n
+
+        def launch(f, fixed, v=v, c=c, moe=moe, bwd=bwd, k=k):
+            consts = c if fixed else {**c, "COPIES": 0, **({"HAS_P": 0} if "HAS_P" in c else {})}
+            q, qt = torch.zeros(m, k, dtype=FP8), torch.zeros(k, m, dtype=FP8)
+            s, st = torch.full((cdiv(k, 128), m), -1.0), torch.full((rows_t, k), -1.0)
+            if bwd:
+                mod.swiglu_fp8_bwd_q_kernel[(cdiv(m, c["TILE_M"]), n // 128)](
+                    dh, x, q, s, qt, st, m, n, f.get("want_row", 1), f.get("want_col", 1), 0,
+                    **consts)
+                return q, s, qt, st
+            h = torch.zeros(m, n, dtype=dtype)
+            grid = (rows_t if moe else cdiv(m, c["TILE_M"]), cdiv(n, c["TILE_N"]))
+            mod.swiglu_fp8_fwd_kernel[grid](
+                x, probs, blocks if moe else x, q, s, qt, st, h, m, n, len(counts) if moe else 0,
+                f.get("has_p", 0), f.get("want_row", 1), f.get("want_col", 1), 1, 0, **consts)
+            return q, s, qt, st, h
+        fixed_copies_same(launch, flags)
+
+
 def test_variants_cover_every_dtype():
     mod = load_triton_src("swiglu_fp8")
     assert mod.variants(80) == []
@@ -329,23 +372,32 @@ def test_variants_cover_every_dtype():
         for fam, blocks in (("swiglu_fp8_fwd", mod.TILES_M), ("swiglu_fp8_bwd_q", mod.TILES_M),
                             ("moe_swiglu_fp8_fwd", (mod.MAX_EXPERTS,)),
                             ("swiglu_fp8_dx", (mod.DX_BLOCK,)), ("swiglu_fp8_dx_q", (128,))):
-            # the aligned forward's narrower tiles for the column-wise copy alone
+            # the aligned forms' own variants for the column-wise copy alone
             cols = {(dt, 1 | mod.FLAG_COLS, max(blocks)) for dt in ("fp32", "bf16", "fp16")
-                    if fam.endswith("_fwd")}
+                    if fam.endswith(("_fwd", "_bwd_q"))}
             assert fams[fam] == {(dt, f, b) for dt in ("fp32", "bf16", "fp16") for f in (0, 1)
                                  for b in blocks} | cols, fam
         assert fams["moe_swiglu_fp8_blocks"] == {(dt, 0, eb) for dt in ("fp32", "bf16", "fp16")
                                                  for eb in (64, 256, 1024)}
         for v in mod.variants(arch):  # the word stores need M % 4 == 0
             packed = {"swiglu_fp8_fwd": int(v.flags & 1 and v.block == 128),
-                      "swiglu_fp8_bwd_q": int(v.flags & 1 and v.block == 128) * mod.BWD_PACKED,
+                      "swiglu_fp8_bwd_q": int(v.flags & 1 and v.block == 128),
                       "moe_swiglu_fp8_fwd": 2 * (v.flags & 1)}.get(v.family, 0)
             assert v.constexprs.get("PACKED", 0) == packed, (v.family, v.flags, v.block)
+            if v.family in ("swiglu_fp8_fwd", "swiglu_fp8_bwd_q", "moe_swiglu_fp8_fwd"):
+                # copies fixed where the launcher picks a variant for one layout only
+                copies = (mod.COPIES_ROWS if v.constexprs["TILE_M"] == 32 else
+                          mod.COPIES_COLS if v.flags & mod.FLAG_COLS else
+                          mod.COPIES_BOTH if v.flags & 1 else 0)
+                assert v.constexprs["COPIES"] == copies, (v.family, v.flags, v.block)
+                assert v.constexprs.get("HAS_P", 0) == int(v.family.startswith("moe")), v
             if v.family.endswith("swiglu_fp8_fwd") and v.constexprs["TILE_M"] == 128:
                 assert (v.constexprs["TILE_N"], v.num_warps) == (
                     mod.COLS_TILE if v.flags & mod.FLAG_COLS else
                     (128, 8 if v.family == "swiglu_fp8_fwd" or not v.flags else
                      mod.MOE_PACKED_WARPS)), (v.family, v.flags)
+            if v.family == "swiglu_fp8_bwd_q" and v.flags & 1 and v.block == 128:
+                assert v.num_warps == mod.BWD_PACKED_WARPS[bool(v.flags & mod.FLAG_COLS)], v
 
 
 # --- level 2: the CPU backend ---------------------------------------------------------------

@@ -77,8 +77,8 @@ Out7 moe_permute_fp8_cuda(Tensor tokens, Tensor routing_map, std::optional<Tenso
     static const auto& tile = runtime::family("moe_permute_fp8_tile");
     // the aligned (slab) variant also needs N % 4 == 0: its words hold four rows' bytes
     const uint32_t tile_flags = n % 4 == 0 ? flags : flags & ~runtime::kFlagAligned;
-    // The column-wise copy alone (its blocks are 128 rows x 1 column) in the aligned variant:
-    // the variant's narrower tiles, TILE_K columns a program.
+    // The column-wise copy alone (its blocks are 128 rows x 1 column) in the aligned variant
+    // compiled for it (kFlagColsOnly): narrower tiles, TILE_K columns a program.
     const bool cols_only = !want.rowwise && (tile_flags & runtime::kFlagAligned) != 0;
     const auto* kern = &tile.pick(op, x, e, tile_flags | (cols_only ? kFlagColsOnly : 0u));
     // Tiles of columns run along the grid's y dimension (at most 65535): where H needs more

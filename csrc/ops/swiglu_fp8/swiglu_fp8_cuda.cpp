@@ -17,8 +17,9 @@ constexpr int64_t kMaxExperts = 1024;  // triton_src/swiglu_fp8.py MAX_EXPERTS
 constexpr int64_t kRowTile = 32;       // row tile of the row-wise-only kernels
 constexpr int64_t kDxRows = 4;         // rows per program of the dx kernel (DX_ROWS)
 constexpr int64_t kDxQRows = 8;        // ... and of its row-wise quantizing form (DX_Q_ROWS)
-// The forward's aligned variants writing the column-wise copy alone (triton_src/swiglu_fp8.py
-// FLAG_COLS): narrower tiles, TILE_N columns.
+// The aligned variants writing the column-wise copy alone (triton_src/swiglu_fp8.py
+// FLAG_COLS): the forward's in narrower tiles, TILE_N columns; the quantized backward's as
+// slabs at more warps.
 constexpr uint32_t kFlagColsOnly = 2;
 
 void check_grid_y(const char* op, int64_t n) {
@@ -74,12 +75,14 @@ Out5 forward(const char* op, const Tensor& x, const Tensor* probs, const Tensor*
   const uint32_t flags = align_flags(m, n, {&xc, &pc});
   const auto& fam = segmented ? moe : plain;
   const int64_t block = segmented ? experts : tile;
-  // The column-wise copy alone in the aligned variant: the variant's narrower tiles, unless n
-  // needs more of them than the grid's y dimension takes (65535; 128 columns fit, checked).
+  // The aligned variants are compiled for their copies: both, or (kFlagColsOnly) the
+  // column-wise copy alone in narrower tiles. Where n needs more of those than the grid's y
+  // dimension takes (65535; 128 columns fit, checked), the unaligned variant, which reads
+  // its copies from the arguments.
   const bool cols_only = !want.rowwise && (flags & runtime::kFlagAligned) != 0;
   const auto* kern = &fam.pick(op, xc, block, flags | (cols_only ? kFlagColsOnly : 0u));
   if (ceil_div(n, kern->constexpr_value("TILE_N")) > 65535) {
-    kern = &fam.pick(op, xc, block, flags);
+    kern = &fam.pick(op, xc, block, 0);
   }
   const Tensor& q_any = want.rowwise ? q : qt;  // the pointers of a copy not asked for are
   const Tensor& s_any = want.rowwise ? s : st;  // never written; any valid one will do
@@ -170,7 +173,10 @@ Out5 swiglu_fp8_backward_cuda(Tensor grad_h, Tensor x, std::string grad_layout,
   auto xc = aten::contiguous(x), dh = aten::contiguous(grad_h);
   static const auto& fam = runtime::family("swiglu_fp8_bwd_q");
   const int64_t tile = want.columnwise ? kFp8Block : kRowTile;
-  const auto& kern = fam.pick(op, xc, tile, align_flags(m, n, {&xc, &dh}));
+  // The aligned variants are compiled for their copies: both, or the column-wise copy alone.
+  const uint32_t flags = align_flags(m, n, {&xc, &dh});
+  const bool cols_only = !want.rowwise && flags != 0;
+  const auto& kern = fam.pick(op, xc, tile, flags | (cols_only ? kFlagColsOnly : 0u));
   const Tensor& q_any = want.rowwise ? q : qt;
   const Tensor& s_any = want.rowwise ? s : st;
   KernelArgs args;
