@@ -37,7 +37,7 @@ Offsets are int64. Built for sm_90 and newer only (as fp8_quantize).
 import triton
 import triton.language as tl
 
-from _common import (COPIES_COLS, DTYPES, FLAG_ALIGNED, Variant, aligned_args,
+from _common import (COPIES_COLS, DTYPES, FLAG_ALIGNED, SEGMENT_BLOCKS, Variant, aligned_args,
                      fp8_amax, fp8_quantize_values, fp8_scale, fp8_store_packed, fp8_store_tile,
                      moe_routed, moe_routed_count, segment_block,
                      segment_blocks_kernel,  # noqa: F401 (a kernel of this op's variants)
@@ -188,7 +188,7 @@ NB = {"fp32": 1, "bf16": 2, "fp16": 2}
 SCATTER_WARPS = 1  # one token a program, as moe_permute's scatter
 # Column-wise copy: at most this many experts (segment_blocks_kernel's largest E_BLOCK; the
 # C++ launcher checks).
-MAX_EXPERTS = 1024
+MAX_EXPERTS = SEGMENT_BLOCKS[-1][0]
 # Warps of the tile kernel, plain (PACKED = 0) and slab (PACKED = 1) forms: as the MoE SwiGLU
 # forward's (triton_src/swiglu_fp8.py), whose tiles are the same.
 TILE_WARPS = (8, 4)

@@ -106,8 +106,9 @@ def rms_norm_fp8_tile_kernel(x_ptr, w_ptr, rstd_ptr, q_ptr, s_ptr, qt_ptr, st_pt
 
 
 # Tiles of the tile kernel: (flags, TILE_M, TILE_K, warps). No flag: 128 x 128, any outputs;
-# FLAG_COLS: 128 x 32 for the column-wise copy alone (and nothing else, fixed: COPIES) (what fp8_quantize's tuning found
-# fastest for that copy on an H100; benchmarks/NOTES.md v14).
+# FLAG_COLS: 128 x 32 for the column-wise copy alone, compiled for it and nothing else
+# (COPIES; what fp8_quantize's tuning found fastest for that copy on an H100;
+# benchmarks/NOTES.md v14).
 FLAG_COLS = 2
 TILE_FORMS = ((0, TILE, TILE, 8), (FLAG_COLS, TILE, 32, 4))
 # The aligned variant of the column-wise form: 128 x 64 tiles at 4 warps (H200, the library at

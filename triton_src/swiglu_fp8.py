@@ -44,9 +44,9 @@ newer only (as fp8_quantize: sm_80 has no FP8 conversions).
 import triton
 import triton.language as tl
 
-from _common import (COPIES_BOTH, COPIES_COLS, COPIES_ROWS, DTYPES, FLAG_ALIGNED, Variant,
-                     aligned_args, fp8_store_packed, fp8_store_rowwise, fp8_store_tile,
-                     segment_block,
+from _common import (COPIES_BOTH, COPIES_COLS, COPIES_ROWS, DTYPES, FLAG_ALIGNED,
+                     SEGMENT_BLOCKS, Variant, aligned_args, fp8_store_packed, fp8_store_rowwise,
+                     fp8_store_tile, segment_block,
                      segment_blocks_kernel,  # noqa: F401 (a kernel of this op's variants)
                      segment_blocks_variants, sigmoid_approx)
 
@@ -320,7 +320,7 @@ _TYPES = {**_FP8, "p_ptr": "*fp32", "dp_ptr": "*fp32", "blocks_ptr": "*i64", "M"
 TILES_M = (32, 128)
 # MoE form with the column-wise copy: at most this many experts (segment_blocks_kernel's
 # largest E_BLOCK; the C++ launcher checks).
-MAX_EXPERTS = 1024
+MAX_EXPERTS = SEGMENT_BLOCKS[-1][0]
 # Warps of the aligned MoE form (PACKED = 2): 65536 x 2 x 1408 bf16, 256 experts of 256 rows,
 # both copies 634.9 us (the transposed tile at 8 warps) -> 498.6 on an H100; on an H200 the
 # slab path took 511 us at 4 warps, 718 at 8 (benchmarks/NOTES.md v25); with the slabs all

@@ -13,9 +13,9 @@ import torch
 
 import fk
 from helpers import (DTYPES, VARIANT_DTYPE, assert_close, cdiv, error_lines,
-                     fixed_copies_same, interp_row_map, interp_segment_blocks, load_triton_src, misaligned, poison_cuda_cache,
-                     randn, ref_permute, ref_quantize_rows, ref_quantize_segments,
-                     ref_segment_blocks, routing, same)
+                     fixed_copies_same, interp_row_map, interp_segment_blocks, load_triton_src,
+                     misaligned, poison_cuda_cache, randn, ref_permute, ref_quantize_rows,
+                     ref_quantize_segments, ref_segment_blocks, routing, same)
 
 FP8 = torch.float8_e4m3fn
 LAYOUTS = ["rowwise", "columnwise", "both"]

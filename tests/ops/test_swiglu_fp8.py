@@ -13,10 +13,11 @@ import pytest
 import torch
 
 import fk
-from helpers import (DTYPES, assert_close, assert_quantized_near, cdiv, error_lines,
-                     fixed_copies_same, interp_segment_blocks, load_triton_src, misaligned, packed_same,
-                     poison_cuda_cache, randn, ref_grads, ref_quantize_rows,
-                     ref_quantize_segments, ref_swiglu, round_toward_zero, same, VARIANT_DTYPE)
+from helpers import (DTYPES, VARIANT_DTYPE, assert_close, assert_quantized_near, cdiv,
+                     error_lines, fixed_copies_same, interp_segment_blocks, load_triton_src,
+                     misaligned, packed_same, poison_cuda_cache, randn, ref_grads,
+                     ref_quantize_rows, ref_quantize_segments, ref_swiglu, round_toward_zero,
+                     same)
 
 FP8 = torch.float8_e4m3fn
 LAYOUTS = ["rowwise", "columnwise", "both"]
