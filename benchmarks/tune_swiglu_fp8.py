@@ -28,6 +28,28 @@ import _tune as T
 import swiglu_fp8 as K  # noqa: E402 (triton_src on the path through _tune)
 
 
+def _check_and_time(name, run, outs, wants, first, nbytes, scales_rtol=None):
+    """Runs one configuration into ``outs`` (poisoned first) and times it. On the GPU its
+    outputs must equal the library's (``wants``); under the interpreter (its own bf16 and
+    float8 casts) the first configuration's scales must be near the library's (within
+    ``scales_rtol``, when given) and every later one's outputs equal to the first's, which it
+    returns."""
+    for t in outs:
+        t.fill_(float("nan")) if t.dtype == torch.float32 else t.view(torch.uint8).fill_(0x7F)
+    run()
+    got = [t.float() for t in outs]
+    if T.DEVICE == "cuda":
+        T.check(name, got, [t.float() for t in wants], 0.0)
+    elif first is None:
+        if scales_rtol is not None:
+            T.check(name + " scales", [t for t in outs if t.dtype == torch.float32],
+                    [t for t in wants if t.dtype == torch.float32], 0.0, rtol=scales_rtol)
+    else:
+        T.check(name, got, first, 0.0)
+    T.timed(name, run, nbytes)
+    return first or [g.clone() for g in got]
+
+
 def sweep_bwd(x, m, n, dev, args):
     """The quantized backward's tile (dx of the plain form quantized in 1 x 128 blocks along
     2n, both copies or the column-wise one): its plain path and its slab path (PACKED 1)
@@ -47,18 +69,8 @@ def sweep_bwd(x, m, n, dev, args):
                     dh, x, q, s, qt, st, m, n, int(row), 1, 0, TILE_M=128, TILE_N=128,
                     PACKED=packed, num_warps=warps)
 
-            for t in outs:
-                t.fill_(float("nan")) if t.dtype == torch.float32 else t.view(
-                    torch.uint8).fill_(0x7F)
-            run()
-            name = f"bwd {layout:10s} PACKED {packed} warps {warps:2d}"
-            got = [t.float() for t in outs]
-            if dev == "cuda":
-                T.check(name, got, [t.float() for t in want], 0.0)
-            elif first is not None:  # the interpreter's own casts: against the first
-                T.check(name, got, first, 0.0)
-            first = first or [g.clone() for g in got]
-            T.timed(name, run, nbytes)
+            first = _check_and_time(f"bwd {layout:10s} PACKED {packed} warps {warps:2d}", run,
+                                    outs, want, first, nbytes)
 
 
 def main():
@@ -125,23 +137,8 @@ def main():
                     int(moe), int(row), 1, 0, 0, TILE_M=128, TILE_N=tn,
                     PACKED=2 if moe else 1, num_warps=warps)
 
-            for t in outs:
-                t.fill_(float("nan")) if t.dtype == torch.float32 else t.view(
-                    torch.uint8).fill_(0x7F)
-            run()
-            name = f"{layout:10s} TILE_N {tn:3d} warps {warps}"
-            got = [t.float() for t in outs]
-            if dev == "cuda":
-                T.check(name, got, [t.float() for t in wants], 0.0)
-            elif first is None:  # under the interpreter (its own bf16 and float8 casts) the
-                # first configuration's scales near the library's, the others' outputs equal
-                # to the first's
-                T.check(name + " scales", [t for t in outs if t.dtype == torch.float32],
-                        [t for t in wants if t.dtype == torch.float32], 0.0, rtol=0.02)
-            else:
-                T.check(name, got, first, 0.0)
-            first = first or [g.clone() for g in got]
-            T.timed(name, run, nbytes)
+            first = _check_and_time(f"{layout:10s} TILE_N {tn:3d} warps {warps}", run, outs,
+                                    wants, first, nbytes, scales_rtol=0.02)
 
 
 if __name__ == "__main__":
