@@ -345,7 +345,7 @@ def test_interpreter_variants_fixed_copies(dtype):
         bwd = v.family == "swiglu_fp8_bwd_q"
         k = 2 * n if bwd else n
 
-        def launch(f, fixed, v=v, c=c, moe=moe, bwd=bwd, k=k):
+        def launch(f, fixed, c=c, moe=moe, bwd=bwd, k=k):
             consts = c if fixed else {**c, "COPIES": 0, **({"HAS_P": 0} if "HAS_P" in c else {})}
             q, qt = torch.zeros(m, k, dtype=FP8), torch.zeros(k, m, dtype=FP8)
             s, st = torch.full((cdiv(k, 128), m), -1.0), torch.full((rows_t, k), -1.0)
